@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The README's test command (`make test`): builds the control plane if it is
+# not cached, starts the local cluster (unless one is already up), runs every
+# test against it and stops the cluster again if this script started it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+STATE="${BALLAST_CLUSTER_DIR:-$ROOT/.cluster}"
+
+hack/build-cluster.sh
+
+started=false
+if ! hack/cluster-up.sh --check 2>/dev/null; then
+  started=true
+fi
+cleanup() { if $started; then hack/cluster-down.sh; fi; }
+trap cleanup EXIT
+hack/cluster-up.sh
+
+export KUBECONFIG="$STATE/kubeconfig"
+export BALLAST_KUBECTL="$STATE/bin/kubectl"
+# Tests that need the cluster fail (never skip) when it is missing.
+export BALLAST_REQUIRE_CLUSTER=1
+cargo test --all-targets -- "$@"
