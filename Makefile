@@ -1,0 +1,66 @@
+# ballast — run `make help` for the targets.
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+
+CLUSTER_DIR ?= $(CURDIR)/.cluster
+KUBECTL     ?= $(CLUSTER_DIR)/bin/kubectl --kubeconfig $(CLUSTER_DIR)/kubeconfig
+CARGO       ?= cargo
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: generate
+generate: ## Write the CRDs into crds/ (crdgen)
+	$(CARGO) run --quiet --bin crdgen -- crds
+
+.PHONY: build
+build: ## Build the manager and crdgen (release)
+	$(CARGO) build --release --bins
+
+.PHONY: lint
+lint: ## cargo fmt --check and clippy -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+.PHONY: test
+test: ## Build what is missing, start the local cluster, run every test, stop the cluster
+	hack/test.sh
+
+.PHONY: bench
+bench: ## Run the benchmarks
+	$(CARGO) bench
+
+.PHONY: run
+run: ## Run the operator on the local cluster with the examples applied
+	hack/run.sh
+
+##@ Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)
+
+.PHONY: cluster-build
+cluster-build: ## Build the control plane binaries (cached in ~/.cache/ballast)
+	hack/build-cluster.sh
+
+.PHONY: cluster-up
+cluster-up: cluster-build ## Start the local cluster (a no-op when it is up)
+	hack/cluster-up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster and remove its state
+	hack/cluster-down.sh
+
+##@ Deployment (against the current kubectl context)
+
+.PHONY: install
+install: ## Install the CRDs only
+	kubectl apply --server-side -k config/crd
+
+.PHONY: deploy
+deploy: ## Install CRDs, RBAC and the manager (kubectl apply -k config/default)
+	kubectl apply --server-side -k config/default
+
+.PHONY: undeploy
+undeploy: ## Remove what deploy installed
+	kubectl delete -k config/default --ignore-not-found

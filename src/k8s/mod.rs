@@ -1,0 +1,11 @@
+//! The thin layer between the controllers and the API server: field-manager
+//! names, server-side apply helpers, condition bookkeeping and the labels and
+//! annotations ballast writes. Nothing here decides anything.
+
+pub mod apply;
+pub mod conditions;
+
+/// Field manager of every write the SpreadPolicy controller makes.
+pub const SPREAD_POLICY_MANAGER: &str = "ballast.dev/spread-policy";
+/// Field manager of every write the RolloutStrategy controller makes.
+pub const ROLLOUT_STRATEGY_MANAGER: &str = "ballast.dev/rollout-strategy";

@@ -1,0 +1,445 @@
+//! Test support for integration and end-to-end tests: the local control
+//! plane (started once per test process, or reused when it is healthy), a
+//! namespace per test that is deleted afterwards, the real operator binary
+//! run under the ServiceAccount that `config/` creates, and polling helpers.
+//!
+//! A test that needs the cluster never passes without one: when the control
+//! plane binaries are missing it fails with the command that builds them.
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{Mutex, Once},
+    time::{Duration, Instant},
+};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn state_dir() -> PathBuf {
+    std::env::var_os("BALLAST_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cluster"))
+}
+
+/// The local cluster, as a test sees it.
+pub struct Cluster {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+}
+
+static CLUSTER_UP: Once = Once::new();
+static INSTALLED: Once = Once::new();
+
+/// Ensures the local control plane is up (starting it if needed) and returns
+/// an admin client for it.
+pub async fn cluster() -> Cluster {
+    CLUSTER_UP.call_once(|| {
+        let root = repo_root();
+        let check = Command::new(root.join("hack/cluster-up.sh"))
+            .arg("--check")
+            .output();
+        if check.is_ok_and(|o| o.status.success()) {
+            return;
+        }
+        let out = Command::new(root.join("hack/cluster-up.sh"))
+            .output()
+            .expect("running hack/cluster-up.sh");
+        if !out.status.success() {
+            panic!(
+                "the local control plane could not be started.\n\
+                 If its binaries are missing, build them with `make cluster-build` \
+                 (a cold build takes about half an hour on 2 cores; `make test` does it for you).\n\
+                 hack/cluster-up.sh said:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
+    let kubeconfig = state_dir().join("kubeconfig");
+    let kubectl = state_dir().join("bin/kubectl");
+    let client = client_for(&kubeconfig).await;
+    Cluster {
+        client,
+        kubeconfig,
+        kubectl,
+    }
+}
+
+/// A client for the cluster behind `kubeconfig`.
+pub async fn client_for(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("reading the kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("loading the kubeconfig");
+    assert!(
+        config.cluster_url.host() == Some("127.0.0.1"),
+        "tests only ever dial loopback, not {}",
+        config.cluster_url
+    );
+    Client::try_from(config).expect("building a client")
+}
+
+impl Cluster {
+    /// Runs kubectl against the cluster; returns its output whatever the exit code.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .current_dir(repo_root());
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawning kubectl");
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        child.wait_with_output().expect("waiting for kubectl")
+    }
+
+    /// Runs kubectl and panics with its stderr unless it succeeds; returns stdout.
+    #[track_caller]
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Applies YAML in `namespace` and panics unless it is accepted.
+    #[track_caller]
+    pub fn apply_yaml(&self, namespace: &str, yaml: &str) -> String {
+        let out = self.kubectl_stdin(&["apply", "-n", namespace, "-f", "-"], Some(yaml));
+        assert!(
+            out.status.success(),
+            "kubectl apply failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Installs `config/default` (CRDs, RBAC, the manager's namespace and
+    /// ServiceAccount) once per test process and waits for the CRDs.
+    pub fn install(&self) {
+        INSTALLED.call_once(|| {
+            self.kubectl_ok(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-k",
+                "config/default",
+            ]);
+            self.kubectl_ok(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/spreadpolicies.ballast.dev",
+                "crd/rolloutstrategies.ballast.dev",
+            ]);
+        });
+    }
+
+    /// A kubeconfig that authenticates as the manager's ServiceAccount from
+    /// `config/` (a TokenRequest token), so the operator runs with exactly
+    /// the RBAC users deploy, not as admin.
+    pub fn operator_kubeconfig(&self) -> PathBuf {
+        static LOCK: Mutex<()> = Mutex::new(());
+        let _guard = LOCK.lock().unwrap();
+        self.install();
+        let path = state_dir().join(format!("operator-{}.kubeconfig", std::process::id()));
+        if path.exists() {
+            return path;
+        }
+        let token = self.kubectl_ok(&[
+            "create",
+            "token",
+            "ballast-controller-manager",
+            "-n",
+            "ballast-system",
+            "--duration=6h",
+        ]);
+        let server = self.kubectl_ok(&[
+            "config",
+            "view",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.server}",
+        ]);
+        let ca = self.kubectl_ok(&[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+        ]);
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+             users:\n- name: ballast\n  user:\n    token: {}\ncontexts:\n- name: ballast\n  context: {{cluster: local, user: ballast, namespace: ballast-system}}\n\
+             current-context: ballast\n",
+            token.trim()
+        );
+        std::fs::write(&path, yaml).expect("writing the operator kubeconfig");
+        path
+    }
+}
+
+/// A namespace of one test, deleted when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl TestNamespace {
+    /// Creates `<prefix>-<random>`, labelled as a test namespace.
+    pub async fn new(cluster: &Cluster, prefix: &str) -> Self {
+        let name = format!("{prefix}-{}", random_suffix());
+        let api: Api<Namespace> = Api::all(cluster.client.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("ballast.dev/test".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &ns)
+            .await
+            .expect("creating the test namespace");
+        // The default ServiceAccount appears shortly after the namespace;
+        // pods are rejected until it exists.
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(cluster.client.clone(), &name);
+        wait_until(
+            "the default ServiceAccount",
+            Duration::from_secs(30),
+            || async { sa.get_opt("default").await.ok().flatten() },
+        )
+        .await;
+        Self {
+            name,
+            kubectl: cluster.kubectl.clone(),
+            kubeconfig: cluster.kubeconfig.clone(),
+        }
+    }
+
+    pub async fn delete(&self, client: &Client) {
+        let api: Api<Namespace> = Api::all(client.clone());
+        let _ = api.delete(&self.name, &DeleteParams::background()).await;
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::env::var_os("BALLAST_KEEP_NAMESPACES").is_some() {
+            eprintln!("keeping test namespace {}", self.name);
+            return;
+        }
+        let _ = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+pub fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    format!("{:08x}", h.finish() as u32)
+}
+
+/// Polls `f` every 250 ms until it returns `Some`, or panics after `timeout`
+/// naming `what`. Only tests poll; the operator is woken by watches.
+#[track_caller]
+pub fn wait_until<'a, T, F, Fut>(
+    what: &'a str,
+    timeout: Duration,
+    mut f: F,
+) -> impl Future<Output = T> + 'a
+where
+    F: FnMut() -> Fut + 'a,
+    Fut: Future<Output = Option<T>> + 'a,
+{
+    let caller = std::panic::Location::caller();
+    async move {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out after {timeout:?} waiting for {what} (at {caller})");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// The operator binary, running against the local cluster as the manager's
+/// ServiceAccount and watching one namespace. Killed when dropped.
+pub struct Operator {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub http_port: u16,
+}
+
+impl Operator {
+    /// Starts `ballast` for `namespace` with its own leader Lease
+    /// (`ballast-<namespace>` in ballast-system).
+    pub fn start(cluster: &Cluster, namespace: &str) -> Self {
+        Self::start_with(cluster, namespace, &format!("ballast-{namespace}"), &[])
+    }
+
+    pub fn start_with(cluster: &Cluster, namespace: &str, lease: &str, extra: &[&str]) -> Self {
+        let kubeconfig = cluster.operator_kubeconfig();
+        let http_port = free_port();
+        let log = state_dir()
+            .join("logs")
+            .join(format!("operator-{namespace}-{http_port}.log"));
+        std::fs::create_dir_all(log.parent().unwrap()).unwrap();
+        let file = std::fs::File::create(&log).expect("creating the operator log");
+        let child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env(
+                "RUST_LOG",
+                std::env::var("BALLAST_TEST_LOG").unwrap_or_else(|_| "info,ballast=debug".into()),
+            )
+            .args([
+                "--http-addr",
+                &format!("127.0.0.1:{http_port}"),
+                "--watch-namespace",
+                namespace,
+                "--lease-namespace",
+                "ballast-system",
+                "--lease-name",
+                lease,
+            ])
+            .args(extra)
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("starting the operator");
+        Self {
+            child: Some(child),
+            log,
+            http_port,
+        }
+    }
+
+    /// What the operator has logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL: no graceful shutdown, no Lease release.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for a graceful exit; returns the exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                return c.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// GETs a path of the operator's HTTP server on loopback.
+    pub async fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.http_port))
+            .await
+            .ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.ok()?;
+        let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+        let body = buf
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((code, body))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
