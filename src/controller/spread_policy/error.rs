@@ -1,0 +1,29 @@
+//! Everything that can go wrong in a SpreadPolicy reconcile, one variant per
+//! step, each with the CamelCase reason used for Events and metrics.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the caches of workloads and nodes are not ready yet")]
+    CacheNotReady,
+    #[error("updating the finalizer: {0}")]
+    Finalizer(#[source] kube::Error),
+    #[error("writing {workload}: {source}")]
+    Write {
+        workload: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("updating status: {0}")]
+    Status(#[source] kube::Error),
+}
+
+impl Error {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::CacheNotReady => "CacheNotReady",
+            Error::Finalizer(_) => "FinalizerUpdateFailed",
+            Error::Write { .. } => "WriteFailed",
+            Error::Status(_) => "StatusUpdateFailed",
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Status: from the plan and the outcome of its writes to the status
+//! subresource, with conditions that follow the API conventions (see
+//! `k8s::conditions`). Computing it is pure; `events_for` says which
+//! condition transitions deserve an Event.
+
+use super::plan::{Plan, state};
+use crate::api::common::{CONDITION_CONFLICTED, CONDITION_INFEASIBLE, CONDITION_PROGRESSING, CONDITION_READY};
+use crate::api::spread_policy::{SpreadPolicy, SpreadPolicyStatus};
+use crate::k8s::conditions::{Status, find, set_condition};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// Condition reasons (CamelCase, as the conventions ask).
+pub mod reason {
+    pub const APPLIED: &str = "Applied";
+    pub const NO_MATCHING_WORKLOADS: &str = "NoMatchingWorkloads";
+    pub const PENDING: &str = "Pending";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const WRITE_FAILED: &str = "WriteFailed";
+    pub const SUSPENDED: &str = "Suspended";
+    pub const APPLYING: &str = "Applying";
+    pub const ROLLING_OUT: &str = "RollingOut";
+    pub const CONVERGED: &str = "Converged";
+    pub const REMOVING: &str = "Removing";
+    pub const CONFLICTED: &str = "Conflicted";
+    pub const NO_CONFLICTS: &str = "NoConflicts";
+    pub const INSUFFICIENT_DOMAINS: &str = "InsufficientDomains";
+    pub const NODES_MISSING_TOPOLOGY_LABEL: &str = "NodesMissingTopologyLabel";
+    pub const FEASIBLE: &str = "Feasible";
+}
+
+/// Longest condition message; the rest is summarised.
+const MAX_MESSAGE: usize = 1024;
+
+fn join_bounded(items: &[String]) -> String {
+    let mut out = String::new();
+    for (i, item) in items.iter().enumerate() {
+        let sep = if out.is_empty() { "" } else { "; " };
+        if out.len() + sep.len() + item.len() > MAX_MESSAGE {
+            out.push_str(&format!("{sep}and {} more", items.len() - i));
+            break;
+        }
+        out.push_str(sep);
+        out.push_str(item);
+    }
+    out
+}
+
+/// The status the plan (after its writes) amounts to. `write_errors` are
+/// `(workload, message)` of writes the API server refused.
+pub fn build(policy: &SpreadPolicy, plan: &Plan, write_errors: &[(String, String)], now: Timestamp) -> SpreadPolicyStatus {
+    let generation = policy.metadata.generation;
+    let old = policy.status.clone().unwrap_or_default();
+    let mut conditions: Vec<Condition> = old.conditions.clone();
+    let deleting = policy.metadata.deletion_timestamp.is_some();
+    let governed = plan.matched - plan.conflicts.len() as i32;
+
+    let (ready, ready_reason, ready_msg) = if let Some(invalid) = &plan.invalid {
+        (Status::False, reason::INVALID_SPEC, invalid.clone())
+    } else if !write_errors.is_empty() {
+        let msgs: Vec<String> = write_errors.iter().map(|(w, m)| format!("{w}: {m}")).collect();
+        (Status::False, reason::WRITE_FAILED, join_bounded(&msgs))
+    } else if governed <= 0 && !deleting {
+        (Status::True, reason::NO_MATCHING_WORKLOADS, "no workload in this namespace is governed by this policy".into())
+    } else if plan.applied >= governed && !deleting {
+        (Status::True, reason::APPLIED, format!("{} of {} workloads carry this policy's terms", plan.applied, governed))
+    } else if policy.spec.suspend {
+        (Status::False, reason::SUSPENDED, format!("suspended with {} of {} workloads converged", plan.applied, governed))
+    } else {
+        (Status::False, reason::PENDING, format!("{} of {} workloads carry this policy's terms", plan.applied, governed.max(0)))
+    };
+    set_condition(&mut conditions, CONDITION_READY, ready, ready_reason, ready_msg, generation, now);
+
+    let (progressing, p_reason, p_msg) = if deleting {
+        (Status::True, reason::REMOVING, "removing this policy's terms before deletion".to_string())
+    } else if policy.spec.suspend {
+        (Status::False, reason::SUSPENDED, "spec.suspend is true: nothing new is written".to_string())
+    } else if !plan.writes.is_empty() || plan.waiting > 0 {
+        (
+            Status::True,
+            reason::APPLYING,
+            format!("{} workload(s) written now, {} waiting for rollouts to finish", plan.writes.len(), plan.waiting),
+        )
+    } else if plan.in_flight > 0 {
+        (Status::True, reason::ROLLING_OUT, format!("{} workload(s) rolling out", plan.in_flight))
+    } else {
+        (Status::False, reason::CONVERGED, "every governed workload is converged".to_string())
+    };
+    set_condition(&mut conditions, CONDITION_PROGRESSING, progressing, p_reason, p_msg, generation, now);
+
+    if plan.conflicts.is_empty() {
+        set_condition(&mut conditions, CONDITION_CONFLICTED, Status::False, reason::NO_CONFLICTS, "", generation, now);
+    } else {
+        set_condition(
+            &mut conditions,
+            CONDITION_CONFLICTED,
+            Status::True,
+            reason::CONFLICTED,
+            join_bounded(&plan.conflicts),
+            generation,
+            now,
+        );
+    }
+
+    if !plan.shortfalls.is_empty() {
+        let mut msgs = plan.shortfalls.clone();
+        msgs.extend(plan.warnings.iter().cloned());
+        set_condition(&mut conditions, CONDITION_INFEASIBLE, Status::True, reason::INSUFFICIENT_DOMAINS, join_bounded(&msgs), generation, now);
+    } else if !plan.warnings.is_empty() {
+        set_condition(
+            &mut conditions,
+            CONDITION_INFEASIBLE,
+            Status::False,
+            reason::NODES_MISSING_TOPOLOGY_LABEL,
+            join_bounded(&plan.warnings),
+            generation,
+            now,
+        );
+    } else {
+        set_condition(
+            &mut conditions,
+            CONDITION_INFEASIBLE,
+            Status::False,
+            reason::FEASIBLE,
+            "every Required spread fits the domains available",
+            generation,
+            now,
+        );
+    }
+
+    let mut workloads = plan.workloads.clone();
+    for (w, msg) in write_errors {
+        if let Some(s) = workloads.iter_mut().find(|s| format!("{:?}/{}", s.kind, s.name) == *w) {
+            s.state = state::ERROR.into();
+            s.message = Some(msg.clone());
+        }
+    }
+
+    SpreadPolicyStatus {
+        observed_generation: generation,
+        conditions,
+        matched: Some(plan.matched),
+        applied: Some(plan.applied),
+        domains: plan.domains.clone(),
+        workloads,
+    }
+}
+
+/// An Event worth publishing: (warning?, reason, note).
+pub type EventSpec = (bool, &'static str, String);
+
+/// Events for condition transitions between `old` and `new` (not for every
+/// reconcile: an unchanged condition says nothing).
+pub fn events_for(old: &[Condition], new: &[Condition]) -> Vec<EventSpec> {
+    let mut out = Vec::new();
+    let changed = |t: &str| {
+        let n = find(new, t)?;
+        let o = find(old, t);
+        (o.map(|o| (&o.status, &o.reason)) != Some((&n.status, &n.reason))).then_some(n.clone())
+    };
+    if let Some(c) = changed(CONDITION_INFEASIBLE) {
+        match c.reason.as_str() {
+            reason::INSUFFICIENT_DOMAINS => out.push((true, "Infeasible", c.message)),
+            reason::NODES_MISSING_TOPOLOGY_LABEL => out.push((true, "NodesMissingTopologyLabel", c.message)),
+            _ if find(old, CONDITION_INFEASIBLE).is_some() => out.push((false, "Feasible", c.message)),
+            _ => {}
+        }
+    }
+    if let Some(c) = changed(CONDITION_CONFLICTED) {
+        if c.status == "True" {
+            out.push((true, "Conflicted", c.message));
+        }
+    }
+    if let Some(c) = changed(CONDITION_READY) {
+        match c.reason.as_str() {
+            reason::INVALID_SPEC => out.push((true, "InvalidSpec", c.message)),
+            reason::WRITE_FAILED => out.push((true, "WriteFailed", c.message)),
+            _ if c.status == "True" => out.push((false, "Ready", c.message)),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy() -> SpreadPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "ballast.dev/v1alpha1", "kind": "SpreadPolicy",
+            "metadata": {"name": "web-ha", "namespace": "shop", "generation": 3},
+            "spec": {"selector": {"matchLabels": {"tier": "web"}},
+                     "spread": [{"topologyKey": "topology.kubernetes.io/zone", "mode": "Required"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_infeasible_plan_says_how_many_pods_stay_pending() {
+        let plan = Plan {
+            matched: 1,
+            applied: 1,
+            shortfalls: vec!["web: 5 replicas, 3 domains of topology.kubernetes.io/zone: 2 pods will stay Pending".into()],
+            ..Default::default()
+        };
+        let s = build(&policy(), &plan, &[], Timestamp::now());
+        let c = find(&s.conditions, CONDITION_INFEASIBLE).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", reason::INSUFFICIENT_DOMAINS));
+        assert!(c.message.contains("2 pods will stay Pending"));
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(find(&s.conditions, CONDITION_READY).unwrap().status, "True");
+        let events = events_for(&[], &s.conditions);
+        assert!(events.iter().any(|(warn, r, _)| *warn && *r == "Infeasible"));
+    }
+
+    #[test]
+    fn the_same_status_twice_emits_no_event() {
+        let plan = Plan { matched: 2, applied: 1, ..Default::default() };
+        let s1 = build(&policy(), &plan, &[], Timestamp::now());
+        let mut p = policy();
+        p.status = Some(s1.clone());
+        let s2 = build(&p, &plan, &[], Timestamp::now());
+        assert_eq!(s1.conditions, s2.conditions, "lastTransitionTime does not move");
+        assert!(events_for(&s1.conditions, &s2.conditions).is_empty());
+    }
+
+    #[test]
+    fn write_errors_make_ready_false_and_name_the_workload() {
+        let plan = Plan { matched: 1, ..Default::default() };
+        let errors = vec![("Deployment/web".to_string(), "admission webhook denied".to_string())];
+        let s = build(&policy(), &plan, &errors, Timestamp::now());
+        let c = find(&s.conditions, CONDITION_READY).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::WRITE_FAILED));
+        assert!(c.message.contains("Deployment/web: admission webhook denied"));
+    }
+
+    #[test]
+    fn long_lists_are_summarised() {
+        let items: Vec<String> = (0..200).map(|i| format!("Deployment/web-{i:03} is governed by SpreadPolicy x")).collect();
+        let m = join_bounded(&items);
+        assert!(m.len() <= MAX_MESSAGE + 20);
+        assert!(m.ends_with("more"));
+    }
+}
