@@ -171,10 +171,10 @@ impl LeaderElector {
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         let ours = holder.as_deref() == Some(self.identity.as_str());
         if !ours {
-            if let Some(holder) = holder {
-                if !expired(spec, now) {
-                    return Ok(Attempt::HeldByOther(holder));
-                }
+            if let Some(holder) = holder
+                && !expired(spec, now)
+            {
+                return Ok(Attempt::HeldByOther(holder));
             }
             spec.acquire_time = Some(MicroTime(now));
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);

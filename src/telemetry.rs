@@ -1,6 +1,7 @@
 //! Structured logging: `RUST_LOG` filters, `--log-format json` switches the
 //! output to one JSON object per line for log pipelines.
 
+use std::io::IsTerminal;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 /// How log lines are written.
@@ -25,6 +26,8 @@ pub fn init(format: LogFormat) {
                     .with_current_span(true),
             )
             .init(),
-        LogFormat::Text => registry.with(fmt::layer().with_target(true)).init(),
+        LogFormat::Text => registry
+            .with(fmt::layer().with_target(true).with_ansi(std::io::stdout().is_terminal()))
+            .init(),
     }
 }

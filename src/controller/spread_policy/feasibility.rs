@@ -58,14 +58,20 @@ impl NodeInfo {
 
 /// The scheduler's toleration rule.
 pub fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
-    if let Some(effect) = tol.effect.as_deref().filter(|e| !e.is_empty()) {
-        if effect != taint.effect {
-            return false;
-        }
+    if let Some(effect) = tol.effect.as_deref().filter(|e| !e.is_empty())
+        && effect != taint.effect
+    {
+        return false;
     }
     match tol.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => tol.key.as_deref().is_none_or(|k| k.is_empty() || k == taint.key),
-        _ => tol.key.as_deref() == Some(taint.key.as_str()) && tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
+        "Exists" => tol
+            .key
+            .as_deref()
+            .is_none_or(|k| k.is_empty() || k == taint.key),
+        _ => {
+            tol.key.as_deref() == Some(taint.key.as_str())
+                && tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
     }
 }
 
@@ -77,10 +83,17 @@ fn node_requirement(r: &NodeSelectorRequirement, value: Option<&String>) -> bool
         "Exists" => value.is_some(),
         "DoesNotExist" => value.is_none(),
         "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) = (value.and_then(|v| v.parse::<i64>().ok()), values.first().and_then(|b| b.parse::<i64>().ok())) else {
+            let (Some(v), Some(bound)) = (
+                value.and_then(|v| v.parse::<i64>().ok()),
+                values.first().and_then(|b| b.parse::<i64>().ok()),
+            ) else {
                 return false;
             };
-            if r.operator == "Gt" { v > bound } else { v < bound }
+            if r.operator == "Gt" {
+                v > bound
+            } else {
+                v < bound
+            }
         }
         _ => false,
     }
@@ -88,18 +101,27 @@ fn node_requirement(r: &NodeSelectorRequirement, value: Option<&String>) -> bool
 
 /// Whether the workload's nodeSelector and required node affinity admit `node`.
 pub fn node_selected(w: &Workload, node: &NodeInfo) -> bool {
-    if !w.node_selector.iter().all(|(k, v)| node.labels.get(k) == Some(v)) {
+    if !w
+        .node_selector
+        .iter()
+        .all(|(k, v)| node.labels.get(k) == Some(v))
+    {
         return false;
     }
-    let required = w
-        .affinity
-        .node_affinity
-        .as_ref()
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-    let Some(required) = required else { return true };
+    let required = w.affinity.node_affinity.as_ref().and_then(|a| {
+        a.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+    let Some(required) = required else {
+        return true;
+    };
     // Terms are ORed; the requirements inside one term are ANDed.
     required.node_selector_terms.iter().any(|term| {
-        let exprs = term.match_expressions.iter().flatten().all(|r| node_requirement(r, node.labels.get(&r.key)));
+        let exprs = term
+            .match_expressions
+            .iter()
+            .flatten()
+            .all(|r| node_requirement(r, node.labels.get(&r.key)));
         let name = Some(node.name.clone());
         let fields = term
             .match_fields
@@ -132,7 +154,12 @@ pub fn count_domains<'a>(key: &str, nodes: impl IntoIterator<Item = &'a NodeInfo
             None => missing += 1,
         }
     }
-    DomainCount { topology_key: key.to_string(), domains: values.len() as i32, nodes: n, nodes_missing_label: missing }
+    DomainCount {
+        topology_key: key.to_string(),
+        domains: values.len() as i32,
+        nodes: n,
+        nodes_missing_label: missing,
+    }
 }
 
 /// Every topology key a spec names, in order, once.
@@ -205,8 +232,10 @@ pub fn assess(spec: &SpreadPolicySpec, w: &Workload, nodes: &[NodeInfo]) -> Feas
                 }
             }
         };
-        if let Some(cap) = capacity {
-            if w.replicas > cap {
+        if let Some(cap) = capacity
+            && w.replicas > cap
+        {
+            {
                 f.shortfalls.push(Shortfall {
                     replicas: w.replicas,
                     domains: count.domains,
@@ -244,22 +273,38 @@ mod tests {
         if let Some(z) = zone {
             labels.insert("topology.kubernetes.io/zone".into(), z.into());
         }
-        NodeInfo { name: name.into(), labels, ready: true, ..Default::default() }
+        NodeInfo {
+            name: name.into(),
+            labels,
+            ready: true,
+            ..Default::default()
+        }
     }
 
     fn three_zones() -> Vec<NodeInfo> {
         ["a", "b", "c"]
             .iter()
-            .flat_map(|z| [node(&format!("{z}0"), Some(z)), node(&format!("{z}1"), Some(z))])
+            .flat_map(|z| {
+                [
+                    node(&format!("{z}0"), Some(z)),
+                    node(&format!("{z}1"), Some(z)),
+                ]
+            })
             .collect()
     }
 
     fn spec(v: serde_json::Value) -> SpreadPolicySpec {
-        serde_json::from_value(json!({"selector": {"matchLabels": {"a": "b"}}, "spread": v})).unwrap()
+        serde_json::from_value(json!({"selector": {"matchLabels": {"a": "b"}}, "spread": v}))
+            .unwrap()
     }
 
     fn web(replicas: i32) -> Workload {
-        Workload { kind: WorkloadKind::Deployment, name: "web".into(), replicas, ..Default::default() }
+        Workload {
+            kind: WorkloadKind::Deployment,
+            name: "web".into(),
+            replicas,
+            ..Default::default()
+        }
     }
 
     const ZONE: &str = "topology.kubernetes.io/zone";
@@ -294,14 +339,22 @@ mod tests {
             n.unschedulable = true;
         }
         nodes[2].ready = false; // b0
-        nodes[3].taints = vec![Taint { key: "dedicated".into(), effect: "NoSchedule".into(), ..Default::default() }]; // b1
+        nodes[3].taints = vec![Taint {
+            key: "dedicated".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]; // b1
         let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
         let f = assess(&s, &web(3), &nodes);
         assert_eq!(f.shortfalls[0].domains, 1);
         assert_eq!(f.shortfalls[0].pending, 2);
         // Tolerating the taint brings zone b back.
         let mut w = web(3);
-        w.tolerations = vec![Toleration { key: Some("dedicated".into()), operator: Some("Exists".into()), ..Default::default() }];
+        w.tolerations = vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }];
         assert_eq!(assess(&s, &w, &nodes).shortfalls[0].domains, 2);
     }
 
@@ -316,8 +369,10 @@ mod tests {
         assert_eq!((f.shortfalls[0].domains, f.shortfalls[0].pending), (1, 1));
         let mut pinned = web(2);
         pinned.node_selector = BTreeMap::from([(ZONE.to_string(), "a".to_string())]);
-        assert_eq!(assess(&s, &pinned, &three_zones()).shortfalls[0].message("web"),
-            "web: 2 replicas, 1 domains of topology.kubernetes.io/zone: 1 pod will stay Pending");
+        assert_eq!(
+            assess(&s, &pinned, &three_zones()).shortfalls[0].message("web"),
+            "web: 2 replicas, 1 domains of topology.kubernetes.io/zone: 1 pod will stay Pending"
+        );
     }
 
     #[test]
@@ -327,16 +382,26 @@ mod tests {
         let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
         let f = assess(&s, &web(10), &nodes);
         assert!(f.shortfalls.is_empty());
-        assert_eq!(f.warnings, vec!["web: 1 of 7 schedulable nodes lack the label topology.kubernetes.io/zone"]);
+        assert_eq!(
+            f.warnings,
+            vec!["web: 1 of 7 schedulable nodes lack the label topology.kubernetes.io/zone"]
+        );
     }
 
     #[test]
     fn topology_spread_below_min_domains_caps_each_domain_at_max_skew() {
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread", "maxSkew": 1, "minDomains": 4}]));
+        let s = spec(
+            json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread", "maxSkew": 1, "minDomains": 4}]),
+        );
         let f = assess(&s, &web(5), &three_zones());
         assert_eq!((f.shortfalls[0].domains, f.shortfalls[0].pending), (3, 2));
-        let enough = spec(json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread"}]));
-        assert!(assess(&enough, &web(50), &three_zones()).shortfalls.is_empty());
+        let enough =
+            spec(json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread"}]));
+        assert!(
+            assess(&enough, &web(50), &three_zones())
+                .shortfalls
+                .is_empty()
+        );
     }
 
     #[test]
@@ -349,11 +414,31 @@ mod tests {
 
     #[test]
     fn tolerations_follow_the_scheduler_rules() {
-        let taint = Taint { key: "k".into(), value: Some("v".into()), effect: "NoSchedule".into(), ..Default::default() };
-        let eq = Toleration { key: Some("k".into()), value: Some("v".into()), ..Default::default() };
-        let wrong = Toleration { key: Some("k".into()), value: Some("x".into()), ..Default::default() };
-        let all = Toleration { operator: Some("Exists".into()), ..Default::default() };
-        let other_effect = Toleration { operator: Some("Exists".into()), effect: Some("NoExecute".into()), ..Default::default() };
+        let taint = Taint {
+            key: "k".into(),
+            value: Some("v".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        let eq = Toleration {
+            key: Some("k".into()),
+            value: Some("v".into()),
+            ..Default::default()
+        };
+        let wrong = Toleration {
+            key: Some("k".into()),
+            value: Some("x".into()),
+            ..Default::default()
+        };
+        let all = Toleration {
+            operator: Some("Exists".into()),
+            ..Default::default()
+        };
+        let other_effect = Toleration {
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            ..Default::default()
+        };
         assert!(tolerates(&eq, &taint));
         assert!(!tolerates(&wrong, &taint));
         assert!(tolerates(&all, &taint));

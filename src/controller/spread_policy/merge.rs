@@ -14,7 +14,9 @@
 
 use super::terms::{Terms, constraint_key};
 use super::workload::Workload;
-use k8s_openapi::api::core::v1::{PodAffinityTerm, TopologySpreadConstraint, WeightedPodAffinityTerm};
+use k8s_openapi::api::core::v1::{
+    PodAffinityTerm, TopologySpreadConstraint, WeightedPodAffinityTerm,
+};
 
 /// The pod template lists after the merge, and what is ours in them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -34,7 +36,11 @@ pub struct Merged {
 /// Rebuilds one atomic list: live minus recorded (each recorded term removes
 /// its last occurrence, which is where we appended it), then desired terms
 /// the user does not already have. Returns (new list, ours).
-fn merge_atomic<T: PartialEq + Clone>(live: &[T], recorded: &[T], desired: &[T]) -> (Vec<T>, Vec<T>) {
+fn merge_atomic<T: PartialEq + Clone>(
+    live: &[T],
+    recorded: &[T],
+    desired: &[T],
+) -> (Vec<T>, Vec<T>) {
     let mut list = live.to_vec();
     for r in recorded {
         if let Some(pos) = list.iter().rposition(|x| x == r) {
@@ -52,9 +58,17 @@ fn merge_atomic<T: PartialEq + Clone>(live: &[T], recorded: &[T], desired: &[T])
 }
 
 /// The live constraints ballast owns: those whose key the record names.
-pub fn owned_constraints<'a>(live: &'a [TopologySpreadConstraint], recorded: &Terms) -> Vec<&'a TopologySpreadConstraint> {
+pub fn owned_constraints<'a>(
+    live: &'a [TopologySpreadConstraint],
+    recorded: &Terms,
+) -> Vec<&'a TopologySpreadConstraint> {
     live.iter()
-        .filter(|c| recorded.topology_spread_constraints.iter().any(|r| constraint_key(r) == constraint_key(c)))
+        .filter(|c| {
+            recorded
+                .topology_spread_constraints
+                .iter()
+                .any(|r| constraint_key(r) == constraint_key(c))
+        })
         .collect()
 }
 
@@ -64,26 +78,51 @@ pub fn merge(workload: &Workload, recorded: &Terms, desired: &Terms) -> Merged {
     let aff = &workload.affinity;
     let anti = aff.pod_anti_affinity.clone().unwrap_or_default();
     let pro = aff.pod_affinity.clone().unwrap_or_default();
-    let live_anti_req = anti.required_during_scheduling_ignored_during_execution.unwrap_or_default();
-    let live_anti_pref = anti.preferred_during_scheduling_ignored_during_execution.unwrap_or_default();
-    let live_aff_req = pro.required_during_scheduling_ignored_during_execution.unwrap_or_default();
-    let live_aff_pref = pro.preferred_during_scheduling_ignored_during_execution.unwrap_or_default();
+    let live_anti_req = anti
+        .required_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    let live_anti_pref = anti
+        .preferred_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    let live_aff_req = pro
+        .required_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    let live_aff_pref = pro
+        .preferred_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
 
-    let (anti_req, ours_anti_req) =
-        merge_atomic(&live_anti_req, &recorded.anti_affinity_required, &desired.anti_affinity_required);
-    let (anti_pref, ours_anti_pref) =
-        merge_atomic(&live_anti_pref, &recorded.anti_affinity_preferred, &desired.anti_affinity_preferred);
-    let (aff_req, ours_aff_req) = merge_atomic(&live_aff_req, &recorded.affinity_required, &desired.affinity_required);
-    let (aff_pref, ours_aff_pref) =
-        merge_atomic(&live_aff_pref, &recorded.affinity_preferred, &desired.affinity_preferred);
+    let (anti_req, ours_anti_req) = merge_atomic(
+        &live_anti_req,
+        &recorded.anti_affinity_required,
+        &desired.anti_affinity_required,
+    );
+    let (anti_pref, ours_anti_pref) = merge_atomic(
+        &live_anti_pref,
+        &recorded.anti_affinity_preferred,
+        &desired.anti_affinity_preferred,
+    );
+    let (aff_req, ours_aff_req) = merge_atomic(
+        &live_aff_req,
+        &recorded.affinity_required,
+        &desired.affinity_required,
+    );
+    let (aff_pref, ours_aff_pref) = merge_atomic(
+        &live_aff_pref,
+        &recorded.affinity_preferred,
+        &desired.affinity_preferred,
+    );
 
     let live_tsc = &workload.topology_spread_constraints;
     let owned = owned_constraints(live_tsc, recorded);
-    let user_tsc: Vec<&TopologySpreadConstraint> = live_tsc.iter().filter(|c| !owned.contains(c)).collect();
+    let user_tsc: Vec<&TopologySpreadConstraint> =
+        live_tsc.iter().filter(|c| !owned.contains(c)).collect();
     let mut ours_tsc = Vec::new();
     let mut skipped = Vec::new();
     for d in &desired.topology_spread_constraints {
-        if user_tsc.iter().any(|u| constraint_key(u) == constraint_key(d)) {
+        if user_tsc
+            .iter()
+            .any(|u| constraint_key(u) == constraint_key(d))
+        {
             skipped.push(format!(
                 "topology spread constraint ({}, {}) is already set by the workload's owner",
                 d.topology_key, d.when_unsatisfiable
@@ -93,7 +132,8 @@ pub fn merge(workload: &Workload, recorded: &Terms, desired: &Terms) -> Merged {
         }
     }
     // A list-map: the same entries in another order are no change.
-    let tsc_changed = !(owned.len() == ours_tsc.len() && ours_tsc.iter().all(|d| owned.contains(&d)));
+    let tsc_changed =
+        !(owned.len() == ours_tsc.len() && ours_tsc.iter().all(|d| owned.contains(&d)));
 
     let template_changed = anti_req != live_anti_req
         || anti_pref != live_anti_pref
@@ -125,11 +165,17 @@ mod tests {
     use serde_json::json;
 
     fn term(key: &str, app: &str) -> PodAffinityTerm {
-        serde_json::from_value(json!({"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": key})).unwrap()
+        serde_json::from_value(
+            json!({"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": key}),
+        )
+        .unwrap()
     }
 
     fn weighted(key: &str, app: &str, w: i32) -> WeightedPodAffinityTerm {
-        WeightedPodAffinityTerm { pod_affinity_term: term(key, app), weight: w }
+        WeightedPodAffinityTerm {
+            pod_affinity_term: term(key, app),
+            weight: w,
+        }
     }
 
     fn tsc(key: &str, when: &str, skew: i32) -> TopologySpreadConstraint {
@@ -144,17 +190,25 @@ mod tests {
     /// A workload as the API server would hold it after applying `m`.
     fn applied(mut w: Workload, m: &Merged) -> Workload {
         let mut anti = w.affinity.pod_anti_affinity.clone().unwrap_or_default();
-        anti.required_during_scheduling_ignored_during_execution = Some(m.anti_affinity_required.clone());
-        anti.preferred_during_scheduling_ignored_during_execution = Some(m.anti_affinity_preferred.clone());
+        anti.required_during_scheduling_ignored_during_execution =
+            Some(m.anti_affinity_required.clone());
+        anti.preferred_during_scheduling_ignored_during_execution =
+            Some(m.anti_affinity_preferred.clone());
         let mut pro = w.affinity.pod_affinity.clone().unwrap_or_default();
         pro.required_during_scheduling_ignored_during_execution = Some(m.affinity_required.clone());
-        pro.preferred_during_scheduling_ignored_during_execution = Some(m.affinity_preferred.clone());
+        pro.preferred_during_scheduling_ignored_during_execution =
+            Some(m.affinity_preferred.clone());
         w.affinity.pod_anti_affinity = Some(anti);
         w.affinity.pod_affinity = Some(pro);
         let recorded_keys: Vec<_> = w.topology_spread_constraints.clone();
         let mut tscs: Vec<TopologySpreadConstraint> = recorded_keys
             .into_iter()
-            .filter(|c| !m.ours.topology_spread_constraints.iter().any(|o| constraint_key(o) == constraint_key(c)))
+            .filter(|c| {
+                !m.ours
+                    .topology_spread_constraints
+                    .iter()
+                    .any(|o| constraint_key(o) == constraint_key(c))
+            })
             .collect();
         tscs.extend(m.ours.topology_spread_constraints.iter().cloned());
         w.topology_spread_constraints = tscs;
@@ -162,7 +216,11 @@ mod tests {
     }
 
     fn user_workload() -> Workload {
-        let mut w = Workload { kind: WorkloadKind::Deployment, name: "web".into(), ..Default::default() };
+        let mut w = Workload {
+            kind: WorkloadKind::Deployment,
+            name: "web".into(),
+            ..Default::default()
+        };
         w.affinity = serde_json::from_value(json!({
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]}},
@@ -191,9 +249,22 @@ mod tests {
     fn our_terms_are_appended_after_the_users_in_every_list() {
         let w = user_workload();
         let m = merge(&w, &Terms::default(), &desired());
-        assert_eq!(m.anti_affinity_required, vec![term("rack", "user-a"), term("rack", "user-b"), term("zone", "web")]);
-        assert_eq!(m.anti_affinity_preferred, vec![weighted("host", "web", 100)]);
-        assert_eq!(m.affinity_preferred, vec![weighted("zone", "db", 7), weighted("zone", "cache", 50)]);
+        assert_eq!(
+            m.anti_affinity_required,
+            vec![
+                term("rack", "user-a"),
+                term("rack", "user-b"),
+                term("zone", "web")
+            ]
+        );
+        assert_eq!(
+            m.anti_affinity_preferred,
+            vec![weighted("host", "web", 100)]
+        );
+        assert_eq!(
+            m.affinity_preferred,
+            vec![weighted("zone", "db", 7), weighted("zone", "cache", 50)]
+        );
         assert_eq!(m.ours, desired());
         assert!(m.template_changed);
         assert!(m.skipped.is_empty());
@@ -220,7 +291,12 @@ mod tests {
         let removed = merge(&w2, &added.ours, &Terms::default());
         assert!(removed.template_changed);
         assert!(removed.ours.is_empty());
-        let orig_anti = original.affinity.pod_anti_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
+        let orig_anti = original
+            .affinity
+            .pod_anti_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap();
         assert_eq!(removed.anti_affinity_required, orig_anti);
         assert_eq!(removed.affinity_preferred, vec![weighted("zone", "db", 7)]);
         assert!(removed.anti_affinity_preferred.is_empty());
@@ -229,11 +305,17 @@ mod tests {
     #[test]
     fn a_term_the_user_already_has_is_not_duplicated_nor_claimed() {
         let mut w = user_workload();
-        w.affinity.pod_anti_affinity.as_mut().unwrap().required_during_scheduling_ignored_during_execution =
-            Some(vec![term("zone", "web")]);
+        w.affinity
+            .pod_anti_affinity
+            .as_mut()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution = Some(vec![term("zone", "web")]);
         let m = merge(&w, &Terms::default(), &desired());
         assert_eq!(m.anti_affinity_required, vec![term("zone", "web")]);
-        assert!(m.ours.anti_affinity_required.is_empty(), "the user's term stays the user's");
+        assert!(
+            m.ours.anti_affinity_required.is_empty(),
+            "the user's term stays the user's"
+        );
         // Removing ours later leaves the user's identical term in place.
         let w2 = applied(w, &m);
         let removed = merge(&w2, &m.ours, &Terms::default());
@@ -248,10 +330,18 @@ mod tests {
         let mut changed = desired();
         // Required -> Preferred for the zone term.
         changed.anti_affinity_required.clear();
-        changed.anti_affinity_preferred.insert(0, weighted("zone", "web", 100));
+        changed
+            .anti_affinity_preferred
+            .insert(0, weighted("zone", "web", 100));
         let second = merge(&w2, &first.ours, &changed);
-        assert_eq!(second.anti_affinity_required, vec![term("rack", "user-a"), term("rack", "user-b")]);
-        assert_eq!(second.anti_affinity_preferred, vec![weighted("zone", "web", 100), weighted("host", "web", 100)]);
+        assert_eq!(
+            second.anti_affinity_required,
+            vec![term("rack", "user-a"), term("rack", "user-b")]
+        );
+        assert_eq!(
+            second.anti_affinity_preferred,
+            vec![weighted("zone", "web", 100), weighted("host", "web", 100)]
+        );
         assert!(second.template_changed);
     }
 
@@ -259,9 +349,13 @@ mod tests {
     fn a_constraint_key_the_user_owns_is_skipped_not_taken_over() {
         let w = user_workload();
         let mut d = desired();
-        d.topology_spread_constraints.push(tsc("rack", "DoNotSchedule", 3));
+        d.topology_spread_constraints
+            .push(tsc("rack", "DoNotSchedule", 3));
         let m = merge(&w, &Terms::default(), &d);
-        assert_eq!(m.ours.topology_spread_constraints, vec![tsc("zone", "ScheduleAnyway", 1)]);
+        assert_eq!(
+            m.ours.topology_spread_constraints,
+            vec![tsc("zone", "ScheduleAnyway", 1)]
+        );
         assert_eq!(m.skipped.len(), 1);
         assert!(m.skipped[0].contains("rack"));
     }

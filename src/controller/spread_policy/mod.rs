@@ -154,7 +154,10 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         // Heartbeats change nothing that matters: only pass real changes.
         .filter(move |n| {
             let changed = match n {
-                Ok(n) => fingerprints.insert(n.name_any(), node_fingerprint(n)) != Some(node_fingerprint(n)),
+                Ok(n) => {
+                    fingerprints.insert(n.name_any(), node_fingerprint(n))
+                        != Some(node_fingerprint(n))
+                }
                 Err(_) => true,
             };
             futures::future::ready(changed)
@@ -163,7 +166,10 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let policies_api = ctx.scoped_api::<SpreadPolicy>();
     let controller = Controller::new(policies_api.clone(), cfg.clone());
     let policies = controller.store();
-    let reporter = Reporter { controller: SPREAD_POLICY_MANAGER.into(), instance: None };
+    let reporter = Reporter {
+        controller: SPREAD_POLICY_MANAGER.into(),
+        instance: None,
+    };
     let state = Arc::new(State {
         recorder: Recorder::new(ctx.client.clone(), reporter),
         ctx,
@@ -173,18 +179,32 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         nodes,
         written: Mutex::new(HashMap::new()),
     });
-    let (p1, p2, p3, p4) = (policies.clone(), policies.clone(), policies.clone(), policies);
+    let (p1, p2, p3, p4) = (
+        policies.clone(),
+        policies.clone(),
+        policies.clone(),
+        policies,
+    );
     controller
-        .watches_stream(deploy_stream, move |d| policies_for(&p1, &Workload::from_deployment(&d)))
-        .watches_stream(sts_stream, move |s| policies_for(&p2, &Workload::from_stateful_set(&s)))
+        .watches_stream(deploy_stream, move |d| {
+            policies_for(&p1, &Workload::from_deployment(&d))
+        })
+        .watches_stream(sts_stream, move |s| {
+            policies_for(&p2, &Workload::from_stateful_set(&s))
+        })
         .watches_stream(node_stream, move |_| {
-            p3.state().iter().map(|p| ObjectRef::from_obj(p.as_ref())).collect::<Vec<_>>()
+            p3.state()
+                .iter()
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
         })
         // A change to one policy can hand workloads to its siblings.
         .watches(policies_api, cfg, move |changed: SpreadPolicy| {
             p4.state()
                 .iter()
-                .filter(|p| p.namespace() == changed.namespace() && p.name_any() != changed.name_any())
+                .filter(|p| {
+                    p.namespace() == changed.namespace() && p.name_any() != changed.name_any()
+                })
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
@@ -202,9 +222,13 @@ async fn reconcile(policy: Arc<SpreadPolicy>, st: Arc<State>) -> Result<Action, 
         let _ = st.stateful_sets.wait_until_ready().await;
         let _ = st.nodes.wait_until_ready().await;
     };
-    tokio::time::timeout(Duration::from_secs(30), ready).await.map_err(|_| Error::CacheNotReady)?;
+    tokio::time::timeout(Duration::from_secs(30), ready)
+        .await
+        .map_err(|_| Error::CacheNotReady)?;
     let result = sync(&policy, &st).await;
-    st.ctx.metrics.count_reconcile(CONTROLLER, start.elapsed().as_secs_f64());
+    st.ctx
+        .metrics
+        .count_reconcile(CONTROLLER, start.elapsed().as_secs_f64());
     result
 }
 
@@ -214,16 +238,24 @@ fn error_policy(policy: Arc<SpreadPolicy>, err: &Error, st: Arc<State>) -> Actio
     Action::requeue(Duration::from_secs(5))
 }
 
-async fn set_finalizers(api: &Api<SpreadPolicy>, policy: &SpreadPolicy, finalizers: Vec<String>) -> Result<(), Error> {
+async fn set_finalizers(
+    api: &Api<SpreadPolicy>,
+    policy: &SpreadPolicy,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
     // The resourceVersion test makes this a compare-and-swap.
     let patch = serde_json::json!([
         {"op": "test", "path": "/metadata/resourceVersion", "value": policy.resource_version()},
         {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
     ]);
     let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
-    api.patch(&policy.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await
-        .map_err(Error::Finalizer)?;
+    api.patch(
+        &policy.name_any(),
+        &PatchParams::default(),
+        &Patch::<()>::Json(patch),
+    )
+    .await
+    .map_err(Error::Finalizer)?;
     Ok(())
 }
 
@@ -265,7 +297,12 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
         .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() != name)
         .collect();
     policies.push(Arc::new(policy.clone()));
-    let nodes: Vec<NodeInfo> = st.nodes.state().iter().map(|n| NodeInfo::from_node(n)).collect();
+    let nodes: Vec<NodeInfo> = st
+        .nodes
+        .state()
+        .iter()
+        .map(|n| NodeInfo::from_node(n))
+        .collect();
 
     // Forget writes the cache has caught up with.
     let unobserved: BTreeSet<(WorkloadKind, String)> = {
@@ -302,15 +339,45 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
     let mut retry_soon = false;
     let mut transient: Option<Error> = None;
     for w in &plan.writes {
-        let live = workloads.iter().find(|x| x.kind == w.kind && x.name == w.name);
+        let live = workloads
+            .iter()
+            .find(|x| x.kind == w.kind && x.name == w.name);
         let live_has_list = |group: &str, which: &str| {
             let Some(l) = live else { return false };
             let aff = &l.affinity;
             match (group, which) {
-                ("podAntiAffinity", "required") => aff.pod_anti_affinity.as_ref().and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()).is_some_and(|v| !v.is_empty()),
-                ("podAntiAffinity", _) => aff.pod_anti_affinity.as_ref().and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()).is_some_and(|v| !v.is_empty()),
-                ("podAffinity", "required") => aff.pod_affinity.as_ref().and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()).is_some_and(|v| !v.is_empty()),
-                _ => aff.pod_affinity.as_ref().and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()).is_some_and(|v| !v.is_empty()),
+                ("podAntiAffinity", "required") => aff
+                    .pod_anti_affinity
+                    .as_ref()
+                    .and_then(|a| {
+                        a.required_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    })
+                    .is_some_and(|v| !v.is_empty()),
+                ("podAntiAffinity", _) => aff
+                    .pod_anti_affinity
+                    .as_ref()
+                    .and_then(|a| {
+                        a.preferred_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    })
+                    .is_some_and(|v| !v.is_empty()),
+                ("podAffinity", "required") => aff
+                    .pod_affinity
+                    .as_ref()
+                    .and_then(|a| {
+                        a.required_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    })
+                    .is_some_and(|v| !v.is_empty()),
+                _ => aff
+                    .pod_affinity
+                    .as_ref()
+                    .and_then(|a| {
+                        a.preferred_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    })
+                    .is_some_and(|v| !v.is_empty()),
             }
         };
         let body = write::apply_body(w, &ns, live_has_list);
@@ -322,12 +389,24 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
                 st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
                 tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.merged.template_changed, "wrote workload");
                 if let (Some(g), true) = (generation, w.merged.template_changed) {
-                    st.written.lock().expect("not poisoned").insert((ns.clone(), w.kind, w.name.clone()), g);
+                    st.written
+                        .lock()
+                        .expect("not poisoned")
+                        .insert((ns.clone(), w.kind, w.name.clone()), g);
                 }
                 let (reason, note) = if w.is_removal() {
-                    ("TermsRemoved", format!("{target}: removed this policy's terms"))
+                    (
+                        "TermsRemoved",
+                        format!("{target}: removed this policy's terms"),
+                    )
                 } else {
-                    ("TermsApplied", format!("{target}: {} term(s) of this policy in the pod template", w.merged.ours.len()))
+                    (
+                        "TermsApplied",
+                        format!(
+                            "{target}: {} term(s) of this policy in the pod template",
+                            w.merged.ours.len()
+                        ),
+                    )
                 };
                 publish(st, policy, false, reason, note).await;
             }
@@ -343,13 +422,20 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
             }
             Err(e) => {
                 st.ctx.metrics.count_write(CONTROLLER, &kind, "error");
-                transient = Some(Error::Write { workload: target, source: e });
+                transient = Some(Error::Write {
+                    workload: target,
+                    source: e,
+                });
             }
         }
     }
 
     let new_status = status::build(policy, &plan, &write_errors, jiff::Timestamp::now());
-    let old_conditions = policy.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let old_conditions = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
     if policy.status.as_ref() != Some(&new_status) {
         apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
             .await
@@ -363,7 +449,12 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
     }
 
     if deleting && plan.released {
-        let f: Vec<String> = policy.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+        let f: Vec<String> = policy
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
         set_finalizers(&api, policy, f).await?;
         tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
     }
@@ -378,7 +469,11 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
 
 async fn publish(st: &State, policy: &SpreadPolicy, warning: bool, reason: &str, note: String) {
     let ev = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
         reason: reason.into(),
         note: Some(note.chars().take(1000).collect()),
         action: "Reconcile".into(),

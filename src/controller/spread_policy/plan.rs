@@ -9,7 +9,8 @@ use super::select::{selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
 use super::workload::{Rollout, Workload};
 use crate::api::spread_policy::{
-    DeletionPolicy, MAX_WORKLOAD_STATUSES, SpreadPolicy, TopologyDomains, WorkloadKind, WorkloadStatus,
+    DeletionPolicy, MAX_WORKLOAD_STATUSES, SpreadPolicy, TopologyDomains, WorkloadKind,
+    WorkloadStatus,
 };
 use kube::ResourceExt;
 use std::collections::BTreeSet;
@@ -97,7 +98,10 @@ fn invalid_reason(policy: &SpreadPolicy) -> Option<String> {
     if let Err(e) = validate_selector(&policy.spec.selector) {
         return Some(format!("spec.selector: {e}"));
     }
-    for (field, terms) in [("colocate", &policy.spec.colocate), ("separate", &policy.spec.separate)] {
+    for (field, terms) in [
+        ("colocate", &policy.spec.colocate),
+        ("separate", &policy.spec.separate),
+    ] {
         for (i, t) in terms.iter().enumerate() {
             if let Err(e) = validate_selector(&t.label_selector) {
                 return Some(format!("spec.{field}[{i}].labelSelector: {e}"));
@@ -127,11 +131,16 @@ pub fn plan(inp: &Inputs) -> Plan {
     let ours = |w: &Workload| w.annotations.get(ANNOTATION_POLICY) == Some(&name);
     let in_flight = |w: &Workload| {
         ours(w)
-            && (w.rollout == Rollout::InProgress || inp.unobserved_writes.contains(&(w.kind, w.name.clone())))
+            && (w.rollout == Rollout::InProgress
+                || inp.unobserved_writes.contains(&(w.kind, w.name.clone())))
     };
     out.in_flight = inp.workloads.iter().filter(|w| in_flight(w)).count();
     let max = policy.spec.rollout.max_concurrent.max(0) as usize;
-    let mut budget = if max == 0 { usize::MAX } else { max.saturating_sub(out.in_flight) };
+    let mut budget = if max == 0 {
+        usize::MAX
+    } else {
+        max.saturating_sub(out.in_flight)
+    };
 
     let mut workloads: Vec<&Workload> = inp.workloads.iter().collect();
     workloads.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
@@ -170,7 +179,10 @@ pub fn plan(inp: &Inputs) -> Plan {
                 statuses.push(status(state::ERROR, out.invalid.clone()));
                 continue;
             }
-            (desired_terms(&policy.spec, w.kind, &w.selector), Some(name.clone()))
+            (
+                desired_terms(&policy.spec, w.kind, &w.selector),
+                Some(name.clone()),
+            )
         } else if ours(w) {
             // No longer ours to spread: someone else's, or nobody's.
             match governing {
@@ -178,12 +190,17 @@ pub fn plan(inp: &Inputs) -> Plan {
                     if deleting {
                         statuses.push(status(
                             state::HANDING_OVER,
-                            Some(format!("waiting for SpreadPolicy {} to take over", g.name_any())),
+                            Some(format!(
+                                "waiting for SpreadPolicy {} to take over",
+                                g.name_any()
+                            )),
                         ));
                     }
                     continue;
                 }
-                None if deleting && policy.spec.deletion_policy == DeletionPolicy::Orphan => continue,
+                None if deleting && policy.spec.deletion_policy == DeletionPolicy::Orphan => {
+                    continue;
+                }
                 None => (Terms::default(), None),
             }
         } else {
@@ -192,7 +209,8 @@ pub fn plan(inp: &Inputs) -> Plan {
 
         if is_winner {
             let f = assess(&policy.spec, w, inp.nodes);
-            out.shortfalls.extend(f.shortfalls.iter().map(|s| s.message(&w.name)));
+            out.shortfalls
+                .extend(f.shortfalls.iter().map(|s| s.message(&w.name)));
             for warning in f.warnings {
                 if warned.insert(warning.clone()) {
                     out.warnings.push(warning);
@@ -205,9 +223,13 @@ pub fn plan(inp: &Inputs) -> Plan {
         let record_ok = match &owner {
             Some(o) => {
                 w.annotations.get(ANNOTATION_POLICY) == Some(o)
-                    && w.annotations.get(ANNOTATION_TERMS) == Some(&serde_json::to_string(&merged.ours).unwrap_or_default())
+                    && w.annotations.get(ANNOTATION_TERMS)
+                        == Some(&serde_json::to_string(&merged.ours).unwrap_or_default())
             }
-            None => !w.annotations.contains_key(ANNOTATION_POLICY) && !w.annotations.contains_key(ANNOTATION_TERMS),
+            None => {
+                !w.annotations.contains_key(ANNOTATION_POLICY)
+                    && !w.annotations.contains_key(ANNOTATION_TERMS)
+            }
         };
         let skipped = (!merged.skipped.is_empty()).then(|| merged.skipped.join("; "));
         if !merged.template_changed && record_ok {
@@ -220,7 +242,10 @@ pub fn plan(inp: &Inputs) -> Plan {
         if policy.spec.suspend {
             if is_winner {
                 if merged.template_changed {
-                    statuses.push(status(state::SUSPENDED, Some("suspended: terms not written".into())));
+                    statuses.push(status(
+                        state::SUSPENDED,
+                        Some("suspended: terms not written".into()),
+                    ));
                 } else {
                     out.applied += 1;
                     statuses.push(status(state::APPLIED, skipped));
@@ -230,7 +255,10 @@ pub fn plan(inp: &Inputs) -> Plan {
         }
         if inp.unobserved_writes.contains(&(w.kind, w.name.clone())) {
             // Our last write is not in the cache yet: never write twice.
-            statuses.push(status(state::PENDING, Some("waiting for the last write to be observed".into())));
+            statuses.push(status(
+                state::PENDING,
+                Some("waiting for the last write to be observed".into()),
+            ));
             continue;
         }
         if merged.template_changed {
@@ -251,7 +279,14 @@ pub fn plan(inp: &Inputs) -> Plan {
             out.applied += 1;
         }
         let removal = owner.is_none();
-        statuses.push(status(if removal { state::REMOVING } else { state::PENDING }, skipped));
+        statuses.push(status(
+            if removal {
+                state::REMOVING
+            } else {
+                state::PENDING
+            },
+            skipped,
+        ));
         out.writes.push(Write {
             kind: w.kind,
             name: w.name.clone(),
@@ -261,7 +296,7 @@ pub fn plan(inp: &Inputs) -> Plan {
         });
     }
 
-    out.released = !inp.workloads.iter().any(|w| ours(w))
+    out.released = !inp.workloads.iter().any(ours)
         || (policy.spec.deletion_policy == DeletionPolicy::Orphan && deleting);
     // Problems first, then by kind and name; bounded.
     statuses.sort_by_key(|s| (s.state == state::APPLIED, s.kind, s.name.clone()));

@@ -53,7 +53,12 @@ pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
         .iter()
         .flatten()
         .all(|(k, v)| labels.get(k) == Some(v));
-    labels_ok && sel.match_expressions.iter().flatten().all(|e| requirement(e, labels))
+    labels_ok
+        && sel
+            .match_expressions
+            .iter()
+            .flatten()
+            .all(|e| requirement(e, labels))
 }
 
 fn requirement(e: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
@@ -82,12 +87,19 @@ pub fn precedence(a: &SpreadPolicy, b: &SpreadPolicy) -> Ordering {
     b.spec
         .priority
         .cmp(&a.spec.priority)
-        .then_with(|| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp))
+        .then_with(|| {
+            a.metadata
+                .creation_timestamp
+                .cmp(&b.metadata.creation_timestamp)
+        })
         .then_with(|| a.name_any().cmp(&b.name_any()))
 }
 
 /// The policy that governs `workload` among `policies`, if any selects it.
-pub fn winner<'a, P: AsRef<SpreadPolicy>>(policies: &'a [P], workload: &Workload) -> Option<&'a SpreadPolicy> {
+pub fn winner<'a, P: AsRef<SpreadPolicy>>(
+    policies: &'a [P],
+    workload: &Workload,
+) -> Option<&'a SpreadPolicy> {
     policies
         .iter()
         .map(AsRef::as_ref)
@@ -104,7 +116,10 @@ mod tests {
     use serde_json::json;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn selector(v: serde_json::Value) -> LabelSelector {
@@ -144,13 +159,18 @@ mod tests {
                                  {"key": "legacy", "operator": "DoesNotExist"}]}));
         assert!(matches(&sel, &labels(&[("tier", "web"), ("env", "prod")])));
         assert!(!matches(&sel, &labels(&[("tier", "web"), ("env", "dev")])));
-        assert!(!matches(&sel, &labels(&[("tier", "web"), ("env", "prod"), ("legacy", "1")])));
+        assert!(!matches(
+            &sel,
+            &labels(&[("tier", "web"), ("env", "prod"), ("legacy", "1")])
+        ));
         assert!(!matches(&sel, &labels(&[("env", "prod")])));
     }
 
     #[test]
     fn not_in_matches_a_missing_key_and_exists_does_not() {
-        let not_in = selector(json!({"matchExpressions": [{"key": "env", "operator": "NotIn", "values": ["dev"]}]}));
+        let not_in = selector(
+            json!({"matchExpressions": [{"key": "env", "operator": "NotIn", "values": ["dev"]}]}),
+        );
         assert!(matches(&not_in, &labels(&[])));
         let exists = selector(json!({"matchExpressions": [{"key": "env", "operator": "Exists"}]}));
         assert!(!matches(&exists, &labels(&[])));
@@ -158,10 +178,15 @@ mod tests {
 
     #[test]
     fn an_invalid_selector_matches_nothing_and_says_why() {
-        let sel = selector(json!({"matchExpressions": [{"key": "env", "operator": "Near", "values": ["x"]}]}));
+        let sel = selector(
+            json!({"matchExpressions": [{"key": "env", "operator": "Near", "values": ["x"]}]}),
+        );
         assert!(!matches(&sel, &labels(&[("env", "x")])));
         let err = validate_selector(&sel).unwrap_err();
-        assert!(err.to_string().contains("unknown operator \"Near\""), "{err}");
+        assert!(
+            err.to_string().contains("unknown operator \"Near\""),
+            "{err}"
+        );
         let empty_in = selector(json!({"matchExpressions": [{"key": "env", "operator": "In"}]}));
         assert!(validate_selector(&empty_in).is_err());
     }
@@ -169,7 +194,11 @@ mod tests {
     #[test]
     fn the_higher_priority_wins_then_the_older_then_the_name() {
         let w = web();
-        let ps = arcs(vec![policy("b", 0, 100), policy("a", 0, 200), policy("c", 5, 300)]);
+        let ps = arcs(vec![
+            policy("b", 0, 100),
+            policy("a", 0, 200),
+            policy("c", 5, 300),
+        ]);
         assert_eq!(winner(&ps, &w).unwrap().name_any(), "c");
         let ps = arcs(vec![policy("b", 0, 100), policy("a", 0, 200)]);
         assert_eq!(winner(&ps, &w).unwrap().name_any(), "b", "older wins a tie");

@@ -4,7 +4,9 @@
 //! condition transitions deserve an Event.
 
 use super::plan::{Plan, state};
-use crate::api::common::{CONDITION_CONFLICTED, CONDITION_INFEASIBLE, CONDITION_PROGRESSING, CONDITION_READY};
+use crate::api::common::{
+    CONDITION_CONFLICTED, CONDITION_INFEASIBLE, CONDITION_PROGRESSING, CONDITION_READY,
+};
 use crate::api::spread_policy::{SpreadPolicy, SpreadPolicyStatus};
 use crate::k8s::conditions::{Status, find, set_condition};
 use jiff::Timestamp;
@@ -48,7 +50,12 @@ fn join_bounded(items: &[String]) -> String {
 
 /// The status the plan (after its writes) amounts to. `write_errors` are
 /// `(workload, message)` of writes the API server refused.
-pub fn build(policy: &SpreadPolicy, plan: &Plan, write_errors: &[(String, String)], now: Timestamp) -> SpreadPolicyStatus {
+pub fn build(
+    policy: &SpreadPolicy,
+    plan: &Plan,
+    write_errors: &[(String, String)],
+    now: Timestamp,
+) -> SpreadPolicyStatus {
     let generation = policy.metadata.generation;
     let old = policy.status.clone().unwrap_or_default();
     let mut conditions: Vec<Condition> = old.conditions.clone();
@@ -58,38 +65,111 @@ pub fn build(policy: &SpreadPolicy, plan: &Plan, write_errors: &[(String, String
     let (ready, ready_reason, ready_msg) = if let Some(invalid) = &plan.invalid {
         (Status::False, reason::INVALID_SPEC, invalid.clone())
     } else if !write_errors.is_empty() {
-        let msgs: Vec<String> = write_errors.iter().map(|(w, m)| format!("{w}: {m}")).collect();
+        let msgs: Vec<String> = write_errors
+            .iter()
+            .map(|(w, m)| format!("{w}: {m}"))
+            .collect();
         (Status::False, reason::WRITE_FAILED, join_bounded(&msgs))
     } else if governed <= 0 && !deleting {
-        (Status::True, reason::NO_MATCHING_WORKLOADS, "no workload in this namespace is governed by this policy".into())
+        (
+            Status::True,
+            reason::NO_MATCHING_WORKLOADS,
+            "no workload in this namespace is governed by this policy".into(),
+        )
     } else if plan.applied >= governed && !deleting {
-        (Status::True, reason::APPLIED, format!("{} of {} workloads carry this policy's terms", plan.applied, governed))
+        (
+            Status::True,
+            reason::APPLIED,
+            format!(
+                "{} of {} workloads carry this policy's terms",
+                plan.applied, governed
+            ),
+        )
     } else if policy.spec.suspend {
-        (Status::False, reason::SUSPENDED, format!("suspended with {} of {} workloads converged", plan.applied, governed))
+        (
+            Status::False,
+            reason::SUSPENDED,
+            format!(
+                "suspended with {} of {} workloads converged",
+                plan.applied, governed
+            ),
+        )
     } else {
-        (Status::False, reason::PENDING, format!("{} of {} workloads carry this policy's terms", plan.applied, governed.max(0)))
+        (
+            Status::False,
+            reason::PENDING,
+            format!(
+                "{} of {} workloads carry this policy's terms",
+                plan.applied,
+                governed.max(0)
+            ),
+        )
     };
-    set_condition(&mut conditions, CONDITION_READY, ready, ready_reason, ready_msg, generation, now);
+    set_condition(
+        &mut conditions,
+        CONDITION_READY,
+        ready,
+        ready_reason,
+        ready_msg,
+        generation,
+        now,
+    );
 
     let (progressing, p_reason, p_msg) = if deleting {
-        (Status::True, reason::REMOVING, "removing this policy's terms before deletion".to_string())
+        (
+            Status::True,
+            reason::REMOVING,
+            "removing this policy's terms before deletion".to_string(),
+        )
     } else if policy.spec.suspend {
-        (Status::False, reason::SUSPENDED, "spec.suspend is true: nothing new is written".to_string())
+        (
+            Status::False,
+            reason::SUSPENDED,
+            "spec.suspend is true: nothing new is written".to_string(),
+        )
     } else if !plan.writes.is_empty() || plan.waiting > 0 {
         (
             Status::True,
             reason::APPLYING,
-            format!("{} workload(s) written now, {} waiting for rollouts to finish", plan.writes.len(), plan.waiting),
+            format!(
+                "{} workload(s) written now, {} waiting for rollouts to finish",
+                plan.writes.len(),
+                plan.waiting
+            ),
         )
     } else if plan.in_flight > 0 {
-        (Status::True, reason::ROLLING_OUT, format!("{} workload(s) rolling out", plan.in_flight))
+        (
+            Status::True,
+            reason::ROLLING_OUT,
+            format!("{} workload(s) rolling out", plan.in_flight),
+        )
     } else {
-        (Status::False, reason::CONVERGED, "every governed workload is converged".to_string())
+        (
+            Status::False,
+            reason::CONVERGED,
+            "every governed workload is converged".to_string(),
+        )
     };
-    set_condition(&mut conditions, CONDITION_PROGRESSING, progressing, p_reason, p_msg, generation, now);
+    set_condition(
+        &mut conditions,
+        CONDITION_PROGRESSING,
+        progressing,
+        p_reason,
+        p_msg,
+        generation,
+        now,
+    );
 
     if plan.conflicts.is_empty() {
-        set_condition(&mut conditions, CONDITION_CONFLICTED, Status::False, reason::NO_CONFLICTS, "", generation, now);
+        set_condition(
+            &mut conditions,
+            CONDITION_CONFLICTED,
+            Status::False,
+            reason::NO_CONFLICTS,
+            "",
+            generation,
+            now,
+        );
     } else {
         set_condition(
             &mut conditions,
@@ -105,7 +185,15 @@ pub fn build(policy: &SpreadPolicy, plan: &Plan, write_errors: &[(String, String
     if !plan.shortfalls.is_empty() {
         let mut msgs = plan.shortfalls.clone();
         msgs.extend(plan.warnings.iter().cloned());
-        set_condition(&mut conditions, CONDITION_INFEASIBLE, Status::True, reason::INSUFFICIENT_DOMAINS, join_bounded(&msgs), generation, now);
+        set_condition(
+            &mut conditions,
+            CONDITION_INFEASIBLE,
+            Status::True,
+            reason::INSUFFICIENT_DOMAINS,
+            join_bounded(&msgs),
+            generation,
+            now,
+        );
     } else if !plan.warnings.is_empty() {
         set_condition(
             &mut conditions,
@@ -130,7 +218,10 @@ pub fn build(policy: &SpreadPolicy, plan: &Plan, write_errors: &[(String, String
 
     let mut workloads = plan.workloads.clone();
     for (w, msg) in write_errors {
-        if let Some(s) = workloads.iter_mut().find(|s| format!("{:?}/{}", s.kind, s.name) == *w) {
+        if let Some(s) = workloads
+            .iter_mut()
+            .find(|s| format!("{:?}/{}", s.kind, s.name) == *w)
+        {
             s.state = state::ERROR.into();
             s.message = Some(msg.clone());
         }
@@ -161,15 +252,19 @@ pub fn events_for(old: &[Condition], new: &[Condition]) -> Vec<EventSpec> {
     if let Some(c) = changed(CONDITION_INFEASIBLE) {
         match c.reason.as_str() {
             reason::INSUFFICIENT_DOMAINS => out.push((true, "Infeasible", c.message)),
-            reason::NODES_MISSING_TOPOLOGY_LABEL => out.push((true, "NodesMissingTopologyLabel", c.message)),
-            _ if find(old, CONDITION_INFEASIBLE).is_some() => out.push((false, "Feasible", c.message)),
+            reason::NODES_MISSING_TOPOLOGY_LABEL => {
+                out.push((true, "NodesMissingTopologyLabel", c.message))
+            }
+            _ if find(old, CONDITION_INFEASIBLE).is_some() => {
+                out.push((false, "Feasible", c.message))
+            }
             _ => {}
         }
     }
-    if let Some(c) = changed(CONDITION_CONFLICTED) {
-        if c.status == "True" {
-            out.push((true, "Conflicted", c.message));
-        }
+    if let Some(c) = changed(CONDITION_CONFLICTED)
+        && c.status == "True"
+    {
+        out.push((true, "Conflicted", c.message));
     }
     if let Some(c) = changed(CONDITION_READY) {
         match c.reason.as_str() {
@@ -207,38 +302,66 @@ mod tests {
         };
         let s = build(&policy(), &plan, &[], Timestamp::now());
         let c = find(&s.conditions, CONDITION_INFEASIBLE).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", reason::INSUFFICIENT_DOMAINS));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reason::INSUFFICIENT_DOMAINS)
+        );
         assert!(c.message.contains("2 pods will stay Pending"));
         assert_eq!(s.observed_generation, Some(3));
         assert_eq!(find(&s.conditions, CONDITION_READY).unwrap().status, "True");
         let events = events_for(&[], &s.conditions);
-        assert!(events.iter().any(|(warn, r, _)| *warn && *r == "Infeasible"));
+        assert!(
+            events
+                .iter()
+                .any(|(warn, r, _)| *warn && *r == "Infeasible")
+        );
     }
 
     #[test]
     fn the_same_status_twice_emits_no_event() {
-        let plan = Plan { matched: 2, applied: 1, ..Default::default() };
+        let plan = Plan {
+            matched: 2,
+            applied: 1,
+            ..Default::default()
+        };
         let s1 = build(&policy(), &plan, &[], Timestamp::now());
         let mut p = policy();
         p.status = Some(s1.clone());
         let s2 = build(&p, &plan, &[], Timestamp::now());
-        assert_eq!(s1.conditions, s2.conditions, "lastTransitionTime does not move");
+        assert_eq!(
+            s1.conditions, s2.conditions,
+            "lastTransitionTime does not move"
+        );
         assert!(events_for(&s1.conditions, &s2.conditions).is_empty());
     }
 
     #[test]
     fn write_errors_make_ready_false_and_name_the_workload() {
-        let plan = Plan { matched: 1, ..Default::default() };
-        let errors = vec![("Deployment/web".to_string(), "admission webhook denied".to_string())];
+        let plan = Plan {
+            matched: 1,
+            ..Default::default()
+        };
+        let errors = vec![(
+            "Deployment/web".to_string(),
+            "admission webhook denied".to_string(),
+        )];
         let s = build(&policy(), &plan, &errors, Timestamp::now());
         let c = find(&s.conditions, CONDITION_READY).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::WRITE_FAILED));
-        assert!(c.message.contains("Deployment/web: admission webhook denied"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::WRITE_FAILED)
+        );
+        assert!(
+            c.message
+                .contains("Deployment/web: admission webhook denied")
+        );
     }
 
     #[test]
     fn long_lists_are_summarised() {
-        let items: Vec<String> = (0..200).map(|i| format!("Deployment/web-{i:03} is governed by SpreadPolicy x")).collect();
+        let items: Vec<String> = (0..200)
+            .map(|i| format!("Deployment/web-{i:03} is governed by SpreadPolicy x"))
+            .collect();
         let m = join_bounded(&items);
         assert!(m.len() <= MAX_MESSAGE + 20);
         assert!(m.ends_with("more"));

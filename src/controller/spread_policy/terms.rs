@@ -2,7 +2,9 @@
 //! computed from the policy's spec and the workload's own selector. Pure.
 
 use crate::api::spread_policy::{Method, Mode, PodTerm, SpreadPolicySpec, WorkloadKind};
-use k8s_openapi::api::core::v1::{PodAffinityTerm, TopologySpreadConstraint, WeightedPodAffinityTerm};
+use k8s_openapi::api::core::v1::{
+    PodAffinityTerm, TopologySpreadConstraint, WeightedPodAffinityTerm,
+};
 use serde::{Deserialize, Serialize};
 
 /// The label the Deployment controller puts on every pod of one revision.
@@ -67,12 +69,19 @@ fn pod_term(t: &PodTerm) -> PodAffinityTerm {
     }
 }
 
-fn add_pod_term(required: &mut Vec<PodAffinityTerm>, preferred: &mut Vec<WeightedPodAffinityTerm>, t: &PodTerm) {
+fn add_pod_term(
+    required: &mut Vec<PodAffinityTerm>,
+    preferred: &mut Vec<WeightedPodAffinityTerm>,
+    t: &PodTerm,
+) {
     match t.mode {
         Mode::Required => push_unique(required, pod_term(t)),
         Mode::Preferred => push_unique(
             preferred,
-            WeightedPodAffinityTerm { pod_affinity_term: pod_term(t), weight: t.effective_weight() },
+            WeightedPodAffinityTerm {
+                pod_affinity_term: pod_term(t),
+                weight: t.effective_weight(),
+            },
         ),
     }
 }
@@ -85,7 +94,8 @@ pub fn desired_terms(
     selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
 ) -> Terms {
     let mut t = Terms::default();
-    let match_label_keys = (kind == WorkloadKind::Deployment).then(|| vec![POD_TEMPLATE_HASH.to_string()]);
+    let match_label_keys =
+        (kind == WorkloadKind::Deployment).then(|| vec![POD_TEMPLATE_HASH.to_string()]);
     for s in &spec.spread {
         match s.method {
             Method::AntiAffinity => {
@@ -99,7 +109,10 @@ pub fn desired_terms(
                     Mode::Required => push_unique(&mut t.anti_affinity_required, term),
                     Mode::Preferred => push_unique(
                         &mut t.anti_affinity_preferred,
-                        WeightedPodAffinityTerm { pod_affinity_term: term, weight: s.effective_weight() },
+                        WeightedPodAffinityTerm {
+                            pod_affinity_term: term,
+                            weight: s.effective_weight(),
+                        },
                     ),
                 }
             }
@@ -108,7 +121,11 @@ pub fn desired_terms(
                     label_selector: Some(selector.clone()),
                     match_label_keys: match_label_keys.clone(),
                     max_skew: s.effective_max_skew(),
-                    min_domains: if s.mode == Mode::Required { s.min_domains } else { None },
+                    min_domains: if s.mode == Mode::Required {
+                        s.min_domains
+                    } else {
+                        None
+                    },
                     topology_key: s.topology_key.clone(),
                     when_unsatisfiable: match s.mode {
                         Mode::Required => "DoNotSchedule".into(),
@@ -117,7 +134,11 @@ pub fn desired_terms(
                     ..Default::default()
                 };
                 // A list-map: one constraint per (topologyKey, whenUnsatisfiable).
-                if !t.topology_spread_constraints.iter().any(|o| constraint_key(o) == constraint_key(&c)) {
+                if !t
+                    .topology_spread_constraints
+                    .iter()
+                    .any(|o| constraint_key(o) == constraint_key(&c))
+                {
                     t.topology_spread_constraints.push(c);
                 }
             }
@@ -127,7 +148,11 @@ pub fn desired_terms(
         add_pod_term(&mut t.affinity_required, &mut t.affinity_preferred, c);
     }
     for s in &spec.separate {
-        add_pod_term(&mut t.anti_affinity_required, &mut t.anti_affinity_preferred, s);
+        add_pod_term(
+            &mut t.anti_affinity_required,
+            &mut t.anti_affinity_preferred,
+            s,
+        );
     }
     t
 }
@@ -136,7 +161,11 @@ pub fn desired_terms(
 /// list-map entry: the spec is ambiguous. Returns a message naming them.
 pub fn duplicate_constraints(spec: &SpreadPolicySpec) -> Option<String> {
     let mut seen = Vec::new();
-    for s in spec.spread.iter().filter(|s| s.method == Method::TopologySpread) {
+    for s in spec
+        .spread
+        .iter()
+        .filter(|s| s.method == Method::TopologySpread)
+    {
         let key = (s.topology_key.as_str(), s.mode);
         if seen.contains(&key) {
             return Some(format!(
@@ -173,7 +202,10 @@ mod tests {
         let term = &t.anti_affinity_required[0];
         assert_eq!(term.label_selector.as_ref(), Some(&web_selector()));
         assert_eq!(term.topology_key, "topology.kubernetes.io/zone");
-        assert_eq!(term.match_label_keys.as_deref(), Some(&["pod-template-hash".to_string()][..]));
+        assert_eq!(
+            term.match_label_keys.as_deref(),
+            Some(&["pod-template-hash".to_string()][..])
+        );
         assert_eq!(t.len(), 1);
     }
 
@@ -202,10 +234,29 @@ mod tests {
                 {"topologyKey": "topology.kubernetes.io/zone", "mode": "Required", "method": "TopologySpread", "maxSkew": 2, "minDomains": 3},
                 {"topologyKey": "kubernetes.io/hostname", "mode": "Preferred", "method": "TopologySpread"}]}));
         let t = desired_terms(&s, WorkloadKind::Deployment, &web_selector());
-        let [zone, host] = &t.topology_spread_constraints[..] else { panic!("{t:?}") };
-        assert_eq!((zone.max_skew, zone.min_domains, zone.when_unsatisfiable.as_str()), (2, Some(3), "DoNotSchedule"));
-        assert_eq!((host.max_skew, host.min_domains, host.when_unsatisfiable.as_str()), (1, None, "ScheduleAnyway"));
-        assert_eq!(zone.match_label_keys.as_deref(), Some(&["pod-template-hash".to_string()][..]));
+        let [zone, host] = &t.topology_spread_constraints[..] else {
+            panic!("{t:?}")
+        };
+        assert_eq!(
+            (
+                zone.max_skew,
+                zone.min_domains,
+                zone.when_unsatisfiable.as_str()
+            ),
+            (2, Some(3), "DoNotSchedule")
+        );
+        assert_eq!(
+            (
+                host.max_skew,
+                host.min_domains,
+                host.when_unsatisfiable.as_str()
+            ),
+            (1, None, "ScheduleAnyway")
+        );
+        assert_eq!(
+            zone.match_label_keys.as_deref(),
+            Some(&["pod-template-hash".to_string()][..])
+        );
         assert_eq!(zone.label_selector.as_ref(), Some(&web_selector()));
     }
 
@@ -218,16 +269,28 @@ mod tests {
         assert_eq!(t.affinity_preferred[0].weight, 50);
         let cache: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
             serde_json::from_value(json!({"matchLabels": {"app": "cache"}})).unwrap();
-        assert_eq!(t.affinity_preferred[0].pod_affinity_term.label_selector, Some(cache));
-        assert_eq!(t.anti_affinity_required[0].topology_key, "kubernetes.io/hostname");
-        assert_eq!(t.anti_affinity_required[0].match_label_keys, None, "only own siblings use the hash");
+        assert_eq!(
+            t.affinity_preferred[0].pod_affinity_term.label_selector,
+            Some(cache)
+        );
+        assert_eq!(
+            t.anti_affinity_required[0].topology_key,
+            "kubernetes.io/hostname"
+        );
+        assert_eq!(
+            t.anti_affinity_required[0].match_label_keys, None,
+            "only own siblings use the hash"
+        );
     }
 
     #[test]
     fn repeated_entries_yield_one_term() {
         let s = spec(json!({"selector": {"matchLabels": {"tier": "web"}},
             "spread": [{"topologyKey": "z", "mode": "Required"}, {"topologyKey": "z", "mode": "Required"}]}));
-        assert_eq!(desired_terms(&s, WorkloadKind::Deployment, &web_selector()).len(), 1);
+        assert_eq!(
+            desired_terms(&s, WorkloadKind::Deployment, &web_selector()).len(),
+            1
+        );
     }
 
     #[test]
@@ -245,6 +308,9 @@ mod tests {
         let t = desired_terms(&s, WorkloadKind::Deployment, &web_selector());
         let text = serde_json::to_string(&t).unwrap();
         assert_eq!(serde_json::from_str::<Terms>(&text).unwrap(), t);
-        assert_eq!(serde_json::to_string(&serde_json::from_str::<Terms>(&text).unwrap()).unwrap(), text);
+        assert_eq!(
+            serde_json::to_string(&serde_json::from_str::<Terms>(&text).unwrap()).unwrap(),
+            text
+        );
     }
 }

@@ -49,7 +49,8 @@ impl Workload {
     fn with_pod_spec(mut self, spec: Option<&PodSpec>) -> Self {
         if let Some(s) = spec {
             self.affinity = s.affinity.clone().unwrap_or_default();
-            self.topology_spread_constraints = s.topology_spread_constraints.clone().unwrap_or_default();
+            self.topology_spread_constraints =
+                s.topology_spread_constraints.clone().unwrap_or_default();
             self.tolerations = s.tolerations.clone().unwrap_or_default();
             self.node_selector = s.node_selector.clone().unwrap_or_default();
         }
@@ -94,7 +95,9 @@ impl Workload {
 
 /// `kubectl rollout status` semantics for a Deployment.
 pub fn deployment_rollout(d: &Deployment) -> Rollout {
-    let Some(spec) = &d.spec else { return Rollout::Complete };
+    let Some(spec) = &d.spec else {
+        return Rollout::Complete;
+    };
     let status = d.status.clone().unwrap_or_default();
     if status.observed_generation.unwrap_or(0) < d.metadata.generation.unwrap_or(0) {
         return Rollout::InProgress;
@@ -103,7 +106,9 @@ pub fn deployment_rollout(d: &Deployment) -> Rollout {
         return Rollout::Stalled;
     }
     let deadline_exceeded = status.conditions.iter().flatten().any(|c| {
-        c.type_ == "Progressing" && c.status == "False" && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        c.type_ == "Progressing"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
     });
     if deadline_exceeded {
         return Rollout::Stalled;
@@ -121,7 +126,9 @@ pub fn deployment_rollout(d: &Deployment) -> Rollout {
 
 /// `kubectl rollout status` semantics for a StatefulSet.
 pub fn stateful_set_rollout(s: &StatefulSet) -> Rollout {
-    let Some(spec) = &s.spec else { return Rollout::Complete };
+    let Some(spec) = &s.spec else {
+        return Rollout::Complete;
+    };
     let status = s.status.clone().unwrap_or_default();
     if status.observed_generation.unwrap_or(0) < s.metadata.generation.unwrap_or(0) {
         return Rollout::InProgress;
@@ -171,19 +178,28 @@ mod tests {
 
     #[test]
     fn a_deployment_whose_controller_has_not_observed_the_change_is_rolling() {
-        let d = deployment(json!({"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}), 2);
+        let d = deployment(
+            json!({"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}),
+            2,
+        );
         assert_eq!(deployment_rollout(&d), Rollout::InProgress);
     }
 
     #[test]
     fn a_deployment_with_old_pods_left_is_rolling() {
-        let d = deployment(json!({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 3, "availableReplicas": 3}), 2);
+        let d = deployment(
+            json!({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 3, "availableReplicas": 3}),
+            2,
+        );
         assert_eq!(deployment_rollout(&d), Rollout::InProgress);
     }
 
     #[test]
     fn a_deployment_with_every_replica_updated_and_available_is_complete() {
-        let d = deployment(json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}), 2);
+        let d = deployment(
+            json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}),
+            2,
+        );
         assert_eq!(deployment_rollout(&d), Rollout::Complete);
     }
 

@@ -51,7 +51,10 @@ pub fn apply_body(w: &Write, namespace: &str, live_has_list: impl Fn(&str, &str)
             g.insert("requiredDuringSchedulingIgnoredDuringExecution".into(), req);
         }
         if pref.as_array().is_some_and(|a| !a.is_empty()) || pref_live {
-            g.insert("preferredDuringSchedulingIgnoredDuringExecution".into(), pref);
+            g.insert(
+                "preferredDuringSchedulingIgnoredDuringExecution".into(),
+                pref,
+            );
         }
         if !g.is_empty() {
             affinity.insert(group.into(), Value::Object(g));
@@ -79,7 +82,13 @@ pub fn apply_body(w: &Write, namespace: &str, live_has_list: impl Fn(&str, &str)
 }
 
 /// Applies `body`; returns the workload's new generation.
-pub async fn apply_workload(client: &Client, namespace: &str, kind: WorkloadKind, name: &str, body: &Value) -> kube::Result<Option<i64>> {
+pub async fn apply_workload(
+    client: &Client,
+    namespace: &str,
+    kind: WorkloadKind,
+    name: &str,
+    body: &Value,
+) -> kube::Result<Option<i64>> {
     // Force: the atomic affinity lists we send are the user's lists plus
     // ours, merged from the resourceVersion above; taking them over is the
     // only way to write into an atomic list.
@@ -87,11 +96,19 @@ pub async fn apply_workload(client: &Client, namespace: &str, kind: WorkloadKind
     match kind {
         WorkloadKind::Deployment => {
             let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-            Ok(api.patch(name, &params, &Patch::Apply(body)).await?.metadata.generation)
+            Ok(api
+                .patch(name, &params, &Patch::Apply(body))
+                .await?
+                .metadata
+                .generation)
         }
         WorkloadKind::StatefulSet => {
             let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
-            Ok(api.patch(name, &params, &Patch::Apply(body)).await?.metadata.generation)
+            Ok(api
+                .patch(name, &params, &Patch::Apply(body))
+                .await?
+                .metadata
+                .generation)
         }
     }
 }
@@ -114,28 +131,58 @@ mod tests {
 
     #[test]
     fn the_body_carries_the_precondition_the_record_and_only_used_lists() {
-        let mut merged = Merged::default();
-        merged.anti_affinity_required =
-            vec![serde_json::from_value(json!({"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}})).unwrap()];
+        let mut merged = Merged {
+            anti_affinity_required: vec![
+                serde_json::from_value(json!({"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}}))
+                    .unwrap(),
+            ],
+            ..Default::default()
+        };
         merged.ours.anti_affinity_required = merged.anti_affinity_required.clone();
         let body = apply_body(&write(merged, Some("web-ha")), "shop", |_, _| false);
         assert_eq!(body["metadata"]["resourceVersion"], "42");
         assert_eq!(body["metadata"]["annotations"][ANNOTATION_POLICY], "web-ha");
-        let terms: Terms =
-            serde_json::from_str(body["metadata"]["annotations"][ANNOTATION_TERMS].as_str().unwrap()).unwrap();
+        let terms: Terms = serde_json::from_str(
+            body["metadata"]["annotations"][ANNOTATION_TERMS]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(terms.anti_affinity_required.len(), 1);
         let anti = &body["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
-        assert_eq!(anti["requiredDuringSchedulingIgnoredDuringExecution"].as_array().unwrap().len(), 1);
-        assert!(anti.get("preferredDuringSchedulingIgnoredDuringExecution").is_none());
-        assert!(body["spec"]["template"]["spec"]["affinity"].get("podAffinity").is_none());
-        assert!(body["spec"]["template"]["spec"].get("topologySpreadConstraints").is_none());
+        assert_eq!(
+            anti["requiredDuringSchedulingIgnoredDuringExecution"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(
+            anti.get("preferredDuringSchedulingIgnoredDuringExecution")
+                .is_none()
+        );
+        assert!(
+            body["spec"]["template"]["spec"]["affinity"]
+                .get("podAffinity")
+                .is_none()
+        );
+        assert!(
+            body["spec"]["template"]["spec"]
+                .get("topologySpreadConstraints")
+                .is_none()
+        );
     }
 
     #[test]
     fn a_removal_clears_lists_that_had_terms_and_drops_the_record() {
-        let body = apply_body(&write(Merged::default(), None), "shop", |g, l| g == "podAntiAffinity" && l == "required");
+        let body = apply_body(&write(Merged::default(), None), "shop", |g, l| {
+            g == "podAntiAffinity" && l == "required"
+        });
         assert!(body["metadata"].get("annotations").is_none());
         let anti = &body["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
-        assert_eq!(anti["requiredDuringSchedulingIgnoredDuringExecution"], json!([]));
+        assert_eq!(
+            anti["requiredDuringSchedulingIgnoredDuringExecution"],
+            json!([])
+        );
     }
 }
