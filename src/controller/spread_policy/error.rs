@@ -5,6 +5,8 @@
 pub enum Error {
     #[error("the caches of workloads and nodes are not ready yet")]
     CacheNotReady,
+    #[error("the policy changed since it was read")]
+    Stale,
     #[error("updating the finalizer: {0}")]
     Finalizer(#[source] kube::Error),
     #[error("writing {workload}: {source}")]
@@ -21,6 +23,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::CacheNotReady => "CacheNotReady",
+            Error::Stale => "Stale",
             Error::Finalizer(_) => "FinalizerUpdateFailed",
             Error::Write { .. } => "WriteFailed",
             Error::Status(_) => "StatusUpdateFailed",

@@ -234,6 +234,10 @@ async fn reconcile(policy: Arc<SpreadPolicy>, st: Arc<State>) -> Result<Action, 
 
 fn error_policy(policy: Arc<SpreadPolicy>, err: &Error, st: Arc<State>) -> Action {
     st.ctx.metrics.count_error(CONTROLLER, err.reason());
+    if matches!(err, Error::Stale) {
+        tracing::debug!(policy = %policy.name_any(), "stale copy; retrying");
+        return Action::requeue(Duration::from_millis(500));
+    }
     tracing::warn!(policy = %policy.name_any(), namespace = ?policy.namespace(), error = %err, reason = err.reason(), "reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
@@ -249,14 +253,20 @@ async fn set_finalizers(
         {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
     ]);
     let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
-    api.patch(
-        &policy.name_any(),
-        &PatchParams::default(),
-        &Patch::<()>::Json(patch),
-    )
-    .await
-    .map_err(Error::Finalizer)?;
-    Ok(())
+    match api
+        .patch(
+            &policy.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // A failed `test` (422) or a conflict: our copy is stale; the newer
+        // version is already on its way through the watch.
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Err(Error::Stale),
+        Err(e) => Err(Error::Finalizer(e)),
+    }
 }
 
 async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
