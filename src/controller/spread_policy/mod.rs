@@ -65,6 +65,17 @@ pub struct State {
     /// it: keeps a lagging cache from causing a second write or from
     /// undercounting rollouts in flight.
     written: Mutex<HashMap<(String, WorkloadKind, String), i64>>,
+    /// Consecutive failures per policy (`namespace/name`), for backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Exponential backoff per object: 1s, 2s, 4s … capped at 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.min(9)).min(Duration::from_secs(300))
+}
+
+fn key(p: &SpreadPolicy) -> String {
+    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
 
 /// Drops what no decision reads, so the caches stay small: managedFields,
@@ -178,6 +189,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         stateful_sets,
         nodes,
         written: Mutex::new(HashMap::new()),
+        failures: Mutex::new(HashMap::new()),
     });
     let (p1, p2, p3, p4) = (
         policies.clone(),
@@ -238,8 +250,15 @@ fn error_policy(policy: Arc<SpreadPolicy>, err: &Error, st: Arc<State>) -> Actio
         tracing::debug!(policy = %policy.name_any(), "stale copy; retrying");
         return Action::requeue(Duration::from_millis(500));
     }
-    tracing::warn!(policy = %policy.name_any(), namespace = ?policy.namespace(), error = %err, reason = err.reason(), "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    let failures = {
+        let mut f = st.failures.lock().expect("not poisoned");
+        let n = f.entry(key(&policy)).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(failures);
+    tracing::warn!(policy = %policy.name_any(), namespace = ?policy.namespace(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
 }
 
 async fn set_finalizers(
@@ -491,5 +510,17 @@ async fn publish(st: &State, policy: &SpreadPolicy, warning: bool, reason: &str,
     };
     if let Err(e) = st.recorder.publish(&ev, &policy.object_ref(&())).await {
         tracing::warn!(error = %e, reason, "could not publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_per_failure_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(2), Duration::from_secs(4));
+        assert_eq!(backoff(50), Duration::from_secs(300));
     }
 }
