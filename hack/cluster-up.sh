@@ -65,6 +65,12 @@ if [[ -d "$STATE/pids" ]] && ls "$STATE/pids"/*.pid >/dev/null 2>&1; then
   flock 9
 fi
 
+for port in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KCM_PORT" "$SCHEDULER_PORT" "$KWOK_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "port $port on 127.0.0.1 is already in use (another local cluster?): stop it, or choose other ports with BALLAST_APISERVER_PORT, BALLAST_ETCD_PORT, BALLAST_ETCD_PEER_PORT, BALLAST_KCM_PORT, BALLAST_SCHEDULER_PORT, BALLAST_KWOK_PORT"
+  fi
+done
+
 mkdir -p "$STATE"/{pki,logs,pids,bin,etcd-data}
 ln -sfn "$K8S_BIN/kubectl" "$STATE/bin/kubectl"
 PKI="$STATE/pki"
