@@ -33,7 +33,9 @@ fn workloads(n: usize) -> Vec<Workload> {
                 replicas: 3,
                 ..Default::default()
             };
-            w.selector = serde_json::from_value(serde_json::json!({"matchLabels": {"app": w.name}})).unwrap();
+            w.selector =
+                serde_json::from_value(serde_json::json!({"matchLabels": {"app": w.name}}))
+                    .unwrap();
             w
         })
         .collect()
@@ -44,7 +46,10 @@ fn nodes(n: usize) -> Vec<NodeInfo> {
         .map(|i| NodeInfo {
             name: format!("node-{i}"),
             labels: [
-                ("topology.kubernetes.io/zone".to_string(), format!("zone-{}", i % 3)),
+                (
+                    "topology.kubernetes.io/zone".to_string(),
+                    format!("zone-{}", i % 3),
+                ),
                 ("kubernetes.io/hostname".to_string(), format!("node-{i}")),
             ]
             .into(),
@@ -71,9 +76,25 @@ fn main() {
     let ns = nodes(300);
     let unobserved = BTreeSet::new();
     bench("plan: 1000 workloads (500 selected), 300 nodes", 20, || {
-        let out = plan(&Inputs { policy: &p, policies: &policies, workloads: &ws, nodes: &ns, unobserved_writes: &unobserved });
+        let out = plan(&Inputs {
+            policy: &p,
+            policies: &policies,
+            workloads: &ws,
+            nodes: &ns,
+            unobserved_writes: &unobserved,
+        });
         black_box(out);
     });
-    let out = plan(&Inputs { policy: &p, policies: &policies, workloads: &ws, nodes: &ns, unobserved_writes: &unobserved });
-    println!("  -> {} writes allowed now by maxConcurrent 5, {} waiting", out.writes.len(), out.waiting);
+    let out = plan(&Inputs {
+        policy: &p,
+        policies: &policies,
+        workloads: &ws,
+        nodes: &ns,
+        unobserved_writes: &unobserved,
+    });
+    println!(
+        "  -> {} writes allowed now by maxConcurrent 5, {} waiting",
+        out.writes.len(),
+        out.waiting
+    );
 }

@@ -19,6 +19,8 @@ use support::{Cluster, Operator, TestNamespace, cluster, wait_until};
 const ZONE: &str = "topology.kubernetes.io/zone";
 const HOST: &str = "kubernetes.io/hostname";
 const WAIT: Duration = Duration::from_secs(90);
+/// Most tests: one replica per zone at most, for workloads labelled `tier: web`.
+const ZONE_REQUIRED: &str = "  selector: {matchLabels: {tier: web}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Required}]\n";
 
 fn deployment(name: &str, replicas: i32, labels: Value, pod_spec_extra: Value) -> Deployment {
     let mut spec = json!({"containers": [{"name": "app", "image": "registry.example/app:1"}]});
@@ -44,6 +46,24 @@ async fn create_deployment(c: &Cluster, ns: &str, d: Deployment) -> Deployment {
     let api: Api<Deployment> = Api::namespaced(c.client.clone(), ns);
     api.create(&PostParams::default(), &d).await.unwrap()
 }
+
+/// A Deployment labelled `tier: web`, the label most policies here select.
+async fn create_web(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+    pod_spec_extra: Value,
+) -> Deployment {
+    create_deployment(
+        c,
+        ns,
+        deployment(name, replicas, json!({"tier": "web"}), pod_spec_extra),
+    )
+    .await
+}
+
+const ONE_PER_ZONE: [(&str, usize); 3] = [("zone-a", 1), ("zone-b", 1), ("zone-c", 1)];
 
 async fn get_deployment(c: &Cluster, ns: &str, name: &str) -> Deployment {
     Api::<Deployment>::namespaced(c.client.clone(), ns)
@@ -218,16 +238,8 @@ async fn setup(prefix: &str) -> Setup {
 #[tokio::test]
 async fn required_zone_anti_affinity_places_one_replica_per_zone() {
     let Setup { c, ns, op: _op } = setup("spol-zone").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 3, json!({"tier": "web"}), json!({})),
-    )
-    .await;
-    c.apply_yaml(
-        &ns.name,
-        &policy_yaml("web-ha", "  selector: {matchLabels: {tier: web}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Required}]\n"),
-    );
+    create_web(&c, &ns.name, "web", 3, json!({})).await;
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     let d = wait_deployment(&c, &ns.name, "web", "our anti-affinity term", |d| {
         !anti_required(d).is_empty()
     })
@@ -241,14 +253,7 @@ async fn required_zone_anti_affinity_places_one_replica_per_zone() {
         "the workload's own selector"
     );
     assert_eq!(terms[0]["matchLabelKeys"], json!(["pod-template-hash"]));
-    wait_spread(
-        &c,
-        &ns.name,
-        "app=web",
-        ZONE,
-        &[("zone-a", 1), ("zone-b", 1), ("zone-c", 1)],
-    )
-    .await;
+    wait_spread(&c, &ns.name, "app=web", ZONE, &ONE_PER_ZONE).await;
     let ready = wait_condition(&c, &ns.name, "web-ha", "Ready", "True", "1 of 1").await;
     assert_eq!(ready["reason"], "Applied");
     let status = policy_status(&c, &ns.name, "web-ha");
@@ -268,12 +273,7 @@ async fn required_zone_anti_affinity_places_one_replica_per_zone() {
 #[tokio::test]
 async fn topology_spread_with_max_skew_one_places_six_replicas_two_per_zone() {
     let Setup { c, ns, op: _op } = setup("spol-tsc").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 6, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 6, json!({})).await;
     c.apply_yaml(
         &ns.name,
         &policy_yaml(
@@ -303,16 +303,8 @@ async fn topology_spread_with_max_skew_one_places_six_replicas_two_per_zone() {
 #[tokio::test]
 async fn a_rolling_update_with_required_zone_anti_affinity_and_max_surge_completes() {
     let Setup { c, ns, op: _op } = setup("spol-roll").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 3, json!({"tier": "web"}), json!({})),
-    )
-    .await;
-    c.apply_yaml(
-        &ns.name,
-        &policy_yaml("web-ha", "  selector: {matchLabels: {tier: web}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Required}]\n"),
-    );
+    create_web(&c, &ns.name, "web", 3, json!({})).await;
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     wait_deployment(&c, &ns.name, "web", "terms applied and rolled out", |d| {
         !anti_required(d).is_empty() && rolled_out(d)
     })
@@ -332,14 +324,7 @@ async fn a_rolling_update_with_required_zone_anti_affinity_and_max_surge_complet
     })
     .await;
     assert_eq!(d.status.unwrap().updated_replicas, Some(3));
-    wait_spread(
-        &c,
-        &ns.name,
-        "app=web",
-        ZONE,
-        &[("zone-a", 1), ("zone-b", 1), ("zone-c", 1)],
-    )
-    .await;
+    wait_spread(&c, &ns.name, "app=web", ZONE, &ONE_PER_ZONE).await;
 }
 
 #[tokio::test]
@@ -489,16 +474,8 @@ fn count_zone_terms(d: &Deployment) -> usize {
 #[tokio::test]
 async fn user_terms_survive_policy_create_update_and_delete_and_ours_appear_once() {
     let Setup { c, ns, op } = setup("spol-user").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 2, json!({"tier": "web"}), user_owned_pod_spec()),
-    )
-    .await;
-    c.apply_yaml(
-        &ns.name,
-        &policy_yaml("web-ha", "  selector: {matchLabels: {tier: web}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Required}]\n"),
-    );
+    create_web(&c, &ns.name, "web", 2, user_owned_pod_spec()).await;
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     let d = wait_deployment(&c, &ns.name, "web", "our term", |d| {
         count_zone_terms(d) == 1
     })
@@ -699,17 +676,10 @@ async fn the_owner_reapplying_its_manifest_client_side_or_server_side_does_not_l
 
 // ---------------------------------------------------------------- changes
 
-const ZONE_REQUIRED: &str = "  selector: {matchLabels: {tier: web}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Required}]\n";
-
 #[tokio::test]
 async fn a_workload_relabelled_out_of_the_selector_loses_our_terms() {
     let Setup { c, ns, op: _op } = setup("spol-relabel").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 1, json!({"tier": "web"}), user_owned_pod_spec()),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 1, user_owned_pod_spec()).await;
     c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     wait_deployment(&c, &ns.name, "web", "our term", |d| {
         count_zone_terms(d) == 1
@@ -737,12 +707,7 @@ async fn a_workload_relabelled_out_of_the_selector_loses_our_terms() {
 #[tokio::test]
 async fn deletion_policy_orphan_leaves_our_terms_in_place() {
     let Setup { c, ns, op: _op } = setup("spol-orphan").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 1, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 1, json!({})).await;
     c.apply_yaml(
         &ns.name,
         &policy_yaml(
@@ -771,12 +736,7 @@ async fn deletion_policy_orphan_leaves_our_terms_in_place() {
 #[tokio::test]
 async fn suspend_stops_all_writes_and_keeps_what_is_written() {
     let Setup { c, ns, op: _op } = setup("spol-suspend").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 1, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 1, json!({})).await;
     c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     let d = wait_deployment(&c, &ns.name, "web", "our term", |d| {
         count_zone_terms(d) == 1 && rolled_out(d)
@@ -786,12 +746,7 @@ async fn suspend_stops_all_writes_and_keeps_what_is_written() {
         &ns.name,
         &policy_yaml("web-ha", "  selector: {matchLabels: {tier: web}}\n  suspend: true\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Preferred}]\n"),
     );
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("late", 1, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "late", 1, json!({})).await;
     wait_condition(&c, &ns.name, "web-ha", "Progressing", "False", "suspend").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = get_deployment(&c, &ns.name, "web").await;
@@ -851,14 +806,7 @@ async fn stateful_sets_are_spread_without_the_template_hash_key() {
     })
     .await;
     assert!(terms[0].get("matchLabelKeys").is_none(), "{terms:?}");
-    wait_spread(
-        &c,
-        &ns.name,
-        "app=db",
-        ZONE,
-        &[("zone-a", 1), ("zone-b", 1), ("zone-c", 1)],
-    )
-    .await;
+    wait_spread(&c, &ns.name, "app=db", ZONE, &ONE_PER_ZONE).await;
 }
 
 // ---------------------------------------------------------------- conflicts
@@ -866,12 +814,7 @@ async fn stateful_sets_are_spread_without_the_template_hash_key() {
 #[tokio::test]
 async fn the_higher_priority_policy_wins_and_deleting_it_hands_the_workload_over() {
     let Setup { c, ns, op: _op } = setup("spol-conflict").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 2, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 2, json!({})).await;
     c.apply_yaml(
         &ns.name,
         &format!(
@@ -970,12 +913,7 @@ async fn infeasible_required_spread_says_how_many_pods_stay_pending_and_follows_
     let Setup { c, ns, op: _op } = setup("spol-feasible").await;
     let taint = format!("ballast.dev/test-{}", ns.name);
     let tolerate = json!({"tolerations": [{"key": taint, "operator": "Exists"}]});
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 5, json!({"tier": "web"}), tolerate),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 5, tolerate).await;
     c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     let cond = wait_condition(
         &c,
@@ -1115,12 +1053,7 @@ async fn max_concurrent_paces_template_changes_across_many_workloads() {
 #[tokio::test]
 async fn a_spec_the_api_server_accepts_but_cannot_apply_is_reported_and_touches_nothing() {
     let Setup { c, ns, op: _op } = setup("spol-bad").await;
-    let d0 = create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 1, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    let d0 = create_web(&c, &ns.name, "web", 1, json!({})).await;
     // A label key no pod template may carry passes the CRD schema (map keys
     // are not checked there) but the Deployment update is refused.
     c.apply_yaml(
@@ -1167,12 +1100,7 @@ async fn nothing_outside_the_policys_namespace_is_selected_or_written() {
         rolled_out,
     )
     .await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 1, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 1, json!({})).await;
     c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     wait_deployment(&c, &ns.name, "web", "our term", |d| {
         count_zone_terms(d) == 1
@@ -1192,12 +1120,7 @@ async fn nothing_outside_the_policys_namespace_is_selected_or_written() {
 #[tokio::test]
 async fn events_mark_transitions_only_and_metrics_count_writes() {
     let Setup { c, ns, op } = setup("spol-events").await;
-    create_deployment(
-        &c,
-        &ns.name,
-        deployment("web", 1, json!({"tier": "web"}), json!({})),
-    )
-    .await;
+    create_web(&c, &ns.name, "web", 1, json!({})).await;
     c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
     wait_condition(&c, &ns.name, "web-ha", "Ready", "True", "1 of 1").await;
     wait_deployment(&c, &ns.name, "web", "rolled out", rolled_out).await;
