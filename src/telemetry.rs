@@ -27,7 +27,11 @@ pub fn init(format: LogFormat) {
             )
             .init(),
         LogFormat::Text => registry
-            .with(fmt::layer().with_target(true).with_ansi(std::io::stdout().is_terminal()))
+            .with(
+                fmt::layer()
+                    .with_target(true)
+                    .with_ansi(std::io::stdout().is_terminal()),
+            )
             .init(),
     }
 }
