@@ -354,3 +354,35 @@ async fn of_two_managers_only_one_leads_and_losing_it_hands_over() {
         "the lease is free for the next replica at once"
     );
 }
+
+#[tokio::test]
+async fn kubectl_explain_documents_the_fields() {
+    let c = cluster().await;
+    c.install();
+    let spread = c.kubectl_ok(&["explain", "spreadpolicy.spec.spread"]);
+    for needle in [
+        "siblings",
+        "pod-template-hash",
+        "topologyKey",
+        "mode",
+        "method",
+        "weight",
+    ] {
+        assert!(
+            spread.contains(needle),
+            "explain spreadpolicy.spec.spread lacks {needle:?}:\n{spread}"
+        );
+    }
+    let pre = c.kubectl_ok(&["explain", "rolloutstrategy.spec.pre"]);
+    for needle in [
+        "before any pod of the new revision",
+        "failurePolicy",
+        "timeoutSeconds",
+        "container",
+    ] {
+        assert!(
+            pre.contains(needle),
+            "explain rolloutstrategy.spec.pre lacks {needle:?}:\n{pre}"
+        );
+    }
+}
