@@ -504,6 +504,16 @@ pub struct RolloutStrategyStatus {
     /// began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_replicas: Option<i32>,
+
+    /// When `phase` last changed; progress deadlines count from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub phase_transition_time: Option<Time>,
+
+    /// Bookkeeping for the operator: attempts of the current revision's hooks used by earlier
+    /// runs (a `ballast.dev/retry` continues numbering after them, so no Job name repeats).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt_offset: i32,
 }
 
 /// One run of a hook.

@@ -1,0 +1,55 @@
+//! Everything that can go wrong in a RolloutStrategy reconcile, one variant per step, each with
+//! the CamelCase reason used for Events and metrics. A hook that fails is not an error here: it
+//! is a state the machine records.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the cache of strategies is not ready yet")]
+    CacheNotReady,
+    #[error("reading the strategy: {0}")]
+    Read(#[source] kube::Error),
+    #[error("observing the Deployment and hook Jobs: {0}")]
+    Observe(#[source] kube::Error),
+    #[error("updating the finalizer: {0}")]
+    Finalizer(#[source] kube::Error),
+    #[error("writing the Deployment: {0}")]
+    Deployment(#[source] kube::Error),
+    #[error("the Deployment changed while it was written; trying again")]
+    Conflict,
+    #[error("creating hook Job {job}: {source}")]
+    CreateJob {
+        job: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("building hook Job: {0}")]
+    BuildJob(String),
+    #[error("deleting hook Job {job}: {source}")]
+    DeleteJob {
+        job: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("updating annotations: {0}")]
+    Annotation(#[source] kube::Error),
+    #[error("updating status: {0}")]
+    Status(#[source] kube::Error),
+}
+
+impl Error {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::CacheNotReady => "CacheNotReady",
+            Error::Read(_) => "ReadFailed",
+            Error::Observe(_) => "ObserveFailed",
+            Error::Finalizer(_) => "FinalizerUpdateFailed",
+            Error::Deployment(_) => "DeploymentWriteFailed",
+            Error::Conflict => "Conflict",
+            Error::CreateJob { .. } => "JobCreateFailed",
+            Error::BuildJob(_) => "JobBuildFailed",
+            Error::DeleteJob { .. } => "JobDeleteFailed",
+            Error::Annotation(_) => "AnnotationUpdateFailed",
+            Error::Status(_) => "StatusUpdateFailed",
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! Reading the world for one strategy: its Deployment (and that Deployment's ReplicaSets, with
+//! the revision each was made from), its hook Jobs and their pods, and — for a failed hook —
+//! the tail of the pod's log (kwok pods and pods whose node is gone have none: then the
+//! terminated state's reason and message stand in). Everything is read fresh from the API
+//! server, confined to the strategy's namespace, and reduced to the plain views the pure state
+//! machine decides on.
+
+use super::hooks::{LABEL_ATTEMPT, LABEL_HOOK, LABEL_REVISION, LABEL_STRATEGY, label_value};
+use super::revision;
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, LogParams},
+};
+use std::time::Duration;
+
+/// Lines of a failed hook's log kept in status.
+pub const LOG_TAIL_LINES: i64 = 20;
+/// Longest log tail kept in status, in bytes.
+pub const LOG_TAIL_BYTES: usize = 2048;
+
+/// A ReplicaSet of the Deployment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplicaSetView {
+    pub name: String,
+    /// The revision of the template it was made from.
+    pub revision: String,
+    pub replicas: i32,
+    pub available: i32,
+    pub created: Option<Timestamp>,
+    /// The Deployment template it was made from.
+    pub template_json: serde_json::Value,
+}
+
+/// The target Deployment, as decisions need it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeploymentView {
+    pub name: String,
+    pub resource_version: String,
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub paused: bool,
+    /// `spec.replicas` (default 1).
+    pub replicas: i32,
+    /// `spec.strategy.type == Recreate`.
+    pub recreate: bool,
+    pub template: PodTemplateSpec,
+    pub template_json: serde_json::Value,
+    /// ballast's revision of `spec.template`.
+    pub revision: String,
+    pub status_replicas: i32,
+    pub updated_replicas: i32,
+    pub ready_replicas: i32,
+    pub available_replicas: i32,
+    pub replica_sets: Vec<ReplicaSetView>,
+}
+
+impl DeploymentView {
+    /// Whether the Deployment controller has seen the current spec.
+    pub fn observed(&self) -> bool {
+        self.observed_generation >= self.generation
+    }
+
+    /// Whether any pod of any revision was ever created (a ReplicaSet exists).
+    pub fn ever_rolled_out(&self) -> bool {
+        !self.replica_sets.is_empty()
+    }
+
+    /// Available replicas of the ReplicaSet made from `revision`.
+    pub fn available_of(&self, revision: &str) -> i32 {
+        self.replica_sets
+            .iter()
+            .filter(|r| r.revision == revision)
+            .map(|r| r.available)
+            .sum()
+    }
+
+    /// Whether a ReplicaSet of `revision` exists.
+    pub fn has_replica_set_of(&self, revision: &str) -> bool {
+        self.replica_sets.iter().any(|r| r.revision == revision)
+    }
+
+    /// The ReplicaSet whose pods serve: the one with the most replicas, else the newest.
+    pub fn serving_replica_set(&self) -> Option<&ReplicaSetView> {
+        self.replica_sets
+            .iter()
+            .max_by_key(|r| (r.replicas, r.created))
+    }
+
+    /// Every replica is of the current template and available, and no other pod is left.
+    pub fn complete(&self) -> bool {
+        self.observed()
+            && self.updated_replicas == self.replicas
+            && self.status_replicas == self.replicas
+            && self.available_replicas >= self.replicas
+            && self.available_of(&self.revision) >= self.replicas
+    }
+
+    pub fn from_parts(d: &Deployment, replica_sets: &[ReplicaSet]) -> Self {
+        let spec = d.spec.clone().unwrap_or_default();
+        let status = d.status.clone().unwrap_or_default();
+        let uid = d.uid();
+        let rs: Vec<ReplicaSetView> = replica_sets
+            .iter()
+            .filter(|r| {
+                r.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == uid.as_ref() && o.controller == Some(true))
+            })
+            .map(|r| {
+                let rspec = r.spec.clone().unwrap_or_default();
+                let rstatus = r.status.clone().unwrap_or_default();
+                let template =
+                    revision::deployment_template_of(&rspec.template.unwrap_or_default());
+                ReplicaSetView {
+                    name: r.name_any(),
+                    revision: revision::of_template(&template),
+                    replicas: rstatus.replicas,
+                    available: rstatus.available_replicas.unwrap_or(0),
+                    created: r.creation_timestamp().map(|t| t.0),
+                    template_json: serde_json::to_value(&template).unwrap_or_default(),
+                }
+            })
+            .collect();
+        Self {
+            name: d.name_any(),
+            resource_version: d.resource_version().unwrap_or_default(),
+            generation: d.metadata.generation.unwrap_or(0),
+            observed_generation: status.observed_generation.unwrap_or(0),
+            paused: spec.paused.unwrap_or(false),
+            replicas: spec.replicas.unwrap_or(1),
+            recreate: spec
+                .strategy
+                .as_ref()
+                .and_then(|s| s.type_.as_deref())
+                .is_some_and(|t| t == "Recreate"),
+            template_json: serde_json::to_value(&spec.template).unwrap_or_default(),
+            revision: revision::of_template(&spec.template),
+            template: spec.template,
+            status_replicas: status.replicas.unwrap_or(0),
+            updated_replicas: status.updated_replicas.unwrap_or(0),
+            ready_replicas: status.ready_replicas.unwrap_or(0),
+            available_replicas: status.available_replicas.unwrap_or(0),
+            replica_sets: rs,
+        }
+    }
+}
+
+/// How a hook container ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Terminated {
+    /// The container that ended (the first that failed, if any did).
+    pub container: String,
+    pub exit_code: i32,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+}
+
+/// The newest pod of a hook Job.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodView {
+    pub name: String,
+    /// When its container started running, if it did.
+    pub running_since: Option<Timestamp>,
+    /// Why it is not running yet (`Unschedulable`, `ImagePullBackOff`, ...).
+    pub waiting_reason: Option<String>,
+    pub waiting_message: Option<String>,
+    pub terminated: Option<Terminated>,
+}
+
+/// Where a hook Job is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobState {
+    Active,
+    Succeeded {
+        finished: Option<Timestamp>,
+    },
+    Failed {
+        reason: String,
+        message: String,
+        finished: Option<Timestamp>,
+    },
+}
+
+/// A hook Job of the strategy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobView {
+    pub name: String,
+    pub hook: String,
+    pub revision: String,
+    pub attempt: i32,
+    pub created: Option<Timestamp>,
+    pub state: JobState,
+    pub pod: Option<PodView>,
+    pub log_tail: Option<String>,
+}
+
+impl JobView {
+    pub fn finished(&self) -> bool {
+        !matches!(self.state, JobState::Active)
+    }
+
+    pub fn from_parts(job: &Job, pods: &[Pod]) -> Self {
+        let labels = job.labels();
+        let status = job.status.clone().unwrap_or_default();
+        let cond = |t: &str| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == t && c.status == "True")
+                .cloned()
+        };
+        let state = if let Some(c) = cond("Complete") {
+            JobState::Succeeded {
+                finished: status
+                    .completion_time
+                    .map(|t| t.0)
+                    .or(c.last_transition_time.map(|t| t.0)),
+            }
+        } else if let Some(c) = cond("Failed") {
+            JobState::Failed {
+                reason: c.reason.unwrap_or_else(|| "Failed".into()),
+                message: c.message.unwrap_or_default(),
+                finished: c.last_transition_time.map(|t| t.0),
+            }
+        } else {
+            JobState::Active
+        };
+        let uid = job.uid();
+        let pod = pods
+            .iter()
+            .filter(|p| {
+                p.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == uid.as_ref())
+            })
+            .max_by_key(|p| p.creation_timestamp().map(|t| t.0))
+            .map(pod_view);
+        Self {
+            name: job.name_any(),
+            hook: labels.get(LABEL_HOOK).cloned().unwrap_or_default(),
+            revision: labels.get(LABEL_REVISION).cloned().unwrap_or_default(),
+            attempt: labels
+                .get(LABEL_ATTEMPT)
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
+            created: job.creation_timestamp().map(|t| t.0),
+            state,
+            pod,
+            log_tail: None,
+        }
+    }
+}
+
+fn pod_view(p: &Pod) -> PodView {
+    let status = p.status.clone().unwrap_or_default();
+    let cs = status.container_statuses.unwrap_or_default();
+    let mut view = PodView {
+        name: p.name_any(),
+        ..Default::default()
+    };
+    for c in &cs {
+        let Some(state) = &c.state else { continue };
+        if let Some(r) = &state.running {
+            view.running_since = r
+                .started_at
+                .as_ref()
+                .map(|t| t.0)
+                .or(Some(Timestamp::now()));
+        }
+        if let Some(w) = &state.waiting {
+            view.waiting_reason = w.reason.clone();
+            view.waiting_message = w.message.clone();
+        }
+        if let Some(t) = &state.terminated {
+            // The first failure explains the pod best; a success never hides one.
+            if view.terminated.as_ref().is_some_and(|x| x.exit_code != 0) {
+                continue;
+            }
+            view.terminated = Some(Terminated {
+                container: c.name.clone(),
+                exit_code: t.exit_code,
+                reason: t.reason.clone(),
+                message: t.message.clone(),
+            });
+            view.running_since = view.running_since.or(t.started_at.as_ref().map(|s| s.0));
+        }
+    }
+    if view.running_since.is_none()
+        && view.waiting_reason.is_none()
+        && let Some(c) = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    {
+        view.waiting_reason = c.reason.clone();
+        view.waiting_message = c.message.clone();
+    }
+    view
+}
+
+/// What one reconcile decides on.
+pub struct Observed {
+    pub deployment: Option<DeploymentView>,
+    pub jobs: Vec<JobView>,
+}
+
+/// Reads the Deployment `target`, its ReplicaSets, and the Jobs and pods of `strategy` in `ns`.
+/// Fetches the log tail of the failed Jobs named in `want_logs`.
+pub async fn observe(
+    client: &Client,
+    ns: &str,
+    strategy: &str,
+    target: &str,
+    want_logs: &[String],
+) -> kube::Result<Observed> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let deployment = match deployments.get_opt(target).await? {
+        Some(d) => {
+            let selector = d
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.match_labels.clone())
+                .unwrap_or_default()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+            let rs = rs_api
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items;
+            Some(DeploymentView::from_parts(&d, &rs))
+        }
+        None => None,
+    };
+    let ours = format!("{LABEL_STRATEGY}={}", label_value(strategy));
+    let jobs_api: Api<Job> = Api::namespaced(client.clone(), ns);
+    let jobs = jobs_api
+        .list(&ListParams::default().labels(&ours))
+        .await?
+        .items;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = pods_api
+        .list(&ListParams::default().labels(&ours))
+        .await?
+        .items;
+    let mut views: Vec<JobView> = jobs.iter().map(|j| JobView::from_parts(j, &pods)).collect();
+    for v in views.iter_mut() {
+        if !want_logs.contains(&v.name) || !matches!(v.state, JobState::Failed { .. }) {
+            continue;
+        }
+        let Some(pod) = &v.pod else { continue };
+        let container = pod.terminated.as_ref().map(|t| t.container.clone());
+        v.log_tail = log_tail(&pods_api, &pod.name, container).await;
+    }
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Observed {
+        deployment,
+        jobs: views,
+    })
+}
+
+/// The last lines of a pod's log, or `None` when there is none to read (kwok pods, pods whose
+/// node is gone) — callers fall back to the terminated state.
+async fn log_tail(pods: &Api<Pod>, name: &str, container: Option<String>) -> Option<String> {
+    let params = LogParams {
+        container,
+        tail_lines: Some(LOG_TAIL_LINES),
+        limit_bytes: Some(LOG_TAIL_BYTES as i64 * 4),
+        ..Default::default()
+    };
+    let text = tokio::time::timeout(Duration::from_secs(3), pods.logs(name, &params))
+        .await
+        .ok()?
+        .ok()?;
+    let text = text.trim_end();
+    if text.is_empty() {
+        return None;
+    }
+    let start = text.len().saturating_sub(LOG_TAIL_BYTES);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(text.len());
+    Some(text[start..].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment() -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "uid": "d1", "generation": 3, "resourceVersion": "7"},
+            "spec": {
+                "paused": true, "replicas": 3,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "web:2"}]}}
+            },
+            "status": {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 3, "readyReplicas": 3, "availableReplicas": 3}
+        }))
+        .unwrap()
+    }
+
+    fn replica_set(owner: &str, image: &str, available: i32) -> ReplicaSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("web-{image}"), "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": owner, "controller": true}]},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web", "pod-template-hash": "abc"}}, "spec": {"containers": [{"name": "app", "image": image}]}}},
+            "status": {"replicas": available, "availableReplicas": available}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn deployment_view_knows_its_revision_and_its_replica_sets() {
+        let d = deployment();
+        let rss = [
+            replica_set("d1", "web:2", 3),
+            replica_set("d1", "web:1", 0),
+            replica_set("other", "web:2", 5),
+        ];
+        let v = DeploymentView::from_parts(&d, &rss);
+        assert!(v.paused && v.recreate && v.observed());
+        assert_eq!(v.replicas, 3);
+        assert_eq!(v.replica_sets.len(), 2, "only its own ReplicaSets");
+        assert_eq!(v.available_of(&v.revision), 3);
+        assert!(v.has_replica_set_of(&v.revision));
+        assert!(v.complete());
+        assert!(v.ever_rolled_out());
+    }
+
+    #[test]
+    fn a_deployment_not_yet_observed_is_not_complete() {
+        let mut d = deployment();
+        d.metadata.generation = Some(4);
+        let v = DeploymentView::from_parts(&d, &[replica_set("d1", "web:2", 3)]);
+        assert!(!v.complete());
+    }
+
+    fn job(status: serde_json::Value) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-migrate-b-1", "uid": "j1", "labels": {"ballast.dev/hook": "migrate", "ballast.dev/revision": "b", "ballast.dev/attempt": "1"}},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "web-migrate-b-1", "uid": "j1"}]},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_failed_job_carries_its_pods_exit_code() {
+        let j = job(
+            json!({"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "m"}]}),
+        );
+        let p = pod(
+            json!({"phase": "Failed", "containerStatuses": [{"name": "t", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "boom"}}}]}),
+        );
+        let v = JobView::from_parts(&j, &[p]);
+        assert_eq!((v.hook.as_str(), v.attempt), ("migrate", 1));
+        assert!(
+            matches!(v.state, JobState::Failed { ref reason, .. } if reason == "BackoffLimitExceeded")
+        );
+        let t = v.pod.unwrap().terminated.unwrap();
+        assert_eq!((t.exit_code, t.message.as_deref()), (1, Some("boom")));
+    }
+
+    #[test]
+    fn an_unschedulable_pod_says_why_it_waits() {
+        let j = job(json!({"active": 1}));
+        let p = pod(
+            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/6 nodes"}]}),
+        );
+        let v = JobView::from_parts(&j, &[p]);
+        assert_eq!(v.state, JobState::Active);
+        let p = v.pod.unwrap();
+        assert_eq!(p.waiting_reason.as_deref(), Some("Unschedulable"));
+        assert!(p.running_since.is_none());
+    }
+
+    #[test]
+    fn a_complete_job_succeeded() {
+        let j = job(
+            json!({"conditions": [{"type": "Complete", "status": "True"}], "completionTime": "2026-01-01T00:00:00Z"}),
+        );
+        let v = JobView::from_parts(&j, &[]);
+        assert!(matches!(v.state, JobState::Succeeded { finished: Some(_) }));
+        assert!(v.finished());
+    }
+}

@@ -1,0 +1,76 @@
+//! Recording what the machine decided: the status (server-side apply of the whole status, which
+//! the operator alone owns), the Events of the transitions, and the metrics of hook results and
+//! phase changes.
+
+use super::error::Error;
+use super::machine::{Decision, Note, phase_name};
+use crate::api::{HookPoint, RolloutStrategy, RolloutStrategyStatus};
+use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
+use crate::metrics::{HookLabels, Metrics, PhaseLabels};
+use kube::{
+    Api, Resource,
+    runtime::events::{Event, EventType, Recorder},
+};
+
+/// Writes `status` unless it is what the strategy already has.
+pub async fn write(
+    api: &Api<RolloutStrategy>,
+    name: &str,
+    old: &RolloutStrategyStatus,
+    new: &RolloutStrategyStatus,
+) -> Result<bool, Error> {
+    if old == new {
+        return Ok(false);
+    }
+    apply::apply_status(api, ROLLOUT_STRATEGY_MANAGER, name, new)
+        .await
+        .map_err(Error::Status)?;
+    Ok(true)
+}
+
+/// Counts the hook results and the phase entered (if it changed).
+pub fn count(metrics: &Metrics, old: &RolloutStrategyStatus, d: &Decision) {
+    for r in &d.hook_results {
+        let labels = HookLabels {
+            point: point_label(r.point),
+            result: r.result,
+        };
+        metrics.hook_runs.get_or_create(&labels).inc();
+        metrics
+            .hook_duration
+            .get_or_create(&labels)
+            .observe(r.seconds);
+    }
+    if let Some(p) = d.status.phase.filter(|p| old.phase != Some(*p)) {
+        metrics
+            .rollout_phases
+            .get_or_create(&PhaseLabels {
+                phase: phase_name(p),
+            })
+            .inc();
+    }
+}
+
+fn point_label(p: HookPoint) -> &'static str {
+    p.as_str()
+}
+
+/// Publishes the Events of a decision on the strategy.
+pub async fn publish(recorder: &Recorder, strategy: &RolloutStrategy, notes: &[Note]) {
+    for n in notes {
+        let ev = Event {
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: n.reason.into(),
+            note: Some(n.message.chars().take(1000).collect()),
+            action: "Rollout".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &strategy.object_ref(&())).await {
+            tracing::warn!(error = %e, reason = n.reason, "could not publish event");
+        }
+    }
+}
