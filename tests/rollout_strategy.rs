@@ -1,0 +1,1283 @@
+//! RolloutStrategy against the real local control plane: the Deployment, ReplicaSet and Job
+//! controllers run, kwok plays the pods (Job pods complete after a few seconds; a pod labelled
+//! `pod-container-running-failed.stage.kwok.x-k8s.io: "true"` fails with exit code 1), and the
+//! operator runs as its own ServiceAccount under `config/rbac`.
+
+mod support;
+
+use ballast::api::{HookPhase, RolloutPhase, RolloutStrategy, RolloutStrategyStatus};
+use jiff::Timestamp;
+use k8s_openapi::api::{
+    apps::v1::{Deployment, ReplicaSet},
+    batch::v1::Job,
+    core::v1::Event,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use std::time::Duration;
+use support::{Cluster, Operator, TestNamespace, cluster, wait_until};
+
+const FAIL_LABEL: &str = "pod-container-running-failed.stage.kwok.x-k8s.io";
+
+struct Env {
+    c: Cluster,
+    ns: TestNamespace,
+    op: Operator,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Self {
+        let c = cluster().await;
+        let ns = TestNamespace::new(&c, prefix).await;
+        let op = Operator::start(&c, &ns.name);
+        Self { c, ns, op }
+    }
+
+    fn client(&self) -> Client {
+        self.c.client.clone()
+    }
+
+    fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.client(), &self.ns.name)
+    }
+
+    fn strategies(&self) -> Api<RolloutStrategy> {
+        Api::namespaced(self.client(), &self.ns.name)
+    }
+
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client(), &self.ns.name)
+    }
+
+    fn apply(&self, yaml: &str) {
+        self.c.apply_yaml(&self.ns.name, yaml);
+    }
+
+    async fn status(&self, name: &str) -> RolloutStrategyStatus {
+        self.strategies()
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    }
+
+    /// Waits until the strategy's phase is `phase` (and its revision is `rev`, when given).
+    async fn wait_phase(
+        &self,
+        name: &str,
+        phase: RolloutPhase,
+        rev: Option<&str>,
+        secs: u64,
+    ) -> RolloutStrategyStatus {
+        let rev = rev.map(str::to_string);
+        self.wait_status(name, &format!("phase {phase:?}"), secs, move |s| {
+            s.phase == Some(phase)
+                && rev
+                    .as_deref()
+                    .is_none_or(|r| s.current_revision.as_deref() == Some(r))
+        })
+        .await
+    }
+
+    /// Waits until the strategy's status satisfies `pred`.
+    async fn wait_status(
+        &self,
+        name: &str,
+        what: &str,
+        secs: u64,
+        pred: impl Fn(&RolloutStrategyStatus) -> bool,
+    ) -> RolloutStrategyStatus {
+        let what = format!("{what} of {name}");
+        let api = self.strategies();
+        let pred = &pred;
+        let out = tokio::time::timeout(
+            Duration::from_secs(secs),
+            wait_until(&what, Duration::from_secs(secs + 5), || async {
+                let s = api.get(name).await.ok()?.status?;
+                pred(&s).then_some(s)
+            }),
+        )
+        .await;
+        match out {
+            Ok(s) => s,
+            Err(_) => panic!(
+                "timed out waiting for {what}; status: {:#?}\noperator log tail:\n{}",
+                self.status(name).await,
+                tail(&self.op.logs(), 40)
+            ),
+        }
+    }
+
+    /// Waits until a revision other than `old` has succeeded.
+    async fn wait_succeeded_after(
+        &self,
+        name: &str,
+        old: &str,
+        secs: u64,
+    ) -> RolloutStrategyStatus {
+        let old = old.to_string();
+        self.wait_status(name, "a new revision Succeeded", secs, move |s| {
+            s.phase == Some(RolloutPhase::Succeeded)
+                && s.stable_revision.as_deref() != Some(old.as_str())
+        })
+        .await
+    }
+
+    async fn deployment(&self, name: &str) -> Deployment {
+        self.deployments().get(name).await.unwrap()
+    }
+
+    async fn paused(&self, name: &str) -> bool {
+        self.deployment(name)
+            .await
+            .spec
+            .unwrap()
+            .paused
+            .unwrap_or(false)
+    }
+
+    async fn set_image(&self, name: &str, image: &str) {
+        let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": image}]}}}});
+        self.deployments()
+            .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .unwrap();
+    }
+
+    async fn replica_sets(&self) -> Vec<ReplicaSet> {
+        Api::<ReplicaSet>::namespaced(self.client(), &self.ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+
+    async fn all_jobs(&self) -> Vec<Job> {
+        self.jobs()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+
+    async fn events(&self, reason: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client(), &self.ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
+
+    async fn annotate(&self, name: &str, key: &str, value: &str) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.strategies()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A Deployment `name` of `image` whose container `app` has env, a mounted ConfigMap volume, a
+/// working dir, resources and a security context to inherit.
+fn deployment_yaml(name: &str, image: &str, replicas: i32, paused: bool, strategy: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  paused: {paused}
+  replicas: {replicas}
+  strategy: {strategy}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      imagePullSecrets: [{{name: regcred}}]
+      volumes:
+        - {{name: config, configMap: {{name: {name}-config}}}}
+        - {{name: scratch, emptyDir: {{}}}}
+      containers:
+        - name: app
+          image: {image}
+          workingDir: /srv
+          env: [{{name: DB, value: pg}}, {{name: LOG_LEVEL, value: debug}}]
+          envFrom: [{{configMapRef: {{name: {name}-env}}}}]
+          volumeMounts: [{{name: config, mountPath: /etc/app}}]
+          resources: {{requests: {{cpu: 10m}}}}
+          securityContext: {{runAsNonRoot: true}}
+"#
+    )
+}
+
+const ROLLING: &str = "{type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}";
+
+fn ts(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Timestamp {
+    t.as_ref().expect("a timestamp").0
+}
+
+fn rs_of_image<'a>(rss: &'a [ReplicaSet], image: &str) -> Option<&'a ReplicaSet> {
+    rss.iter().find(|r| {
+        r.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .as_ref()
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .image
+            .as_deref()
+            == Some(image)
+    })
+}
+
+fn job_of<'a>(jobs: &'a [Job], hook: &str) -> Vec<&'a Job> {
+    jobs.iter()
+        .filter(|j| j.labels().get("ballast.dev/hook").map(String::as_str) == Some(hook))
+        .collect()
+}
+
+async fn wait_available(env: &Env, name: &str, n: i32) {
+    let api = env.deployments();
+    wait_until(
+        "the Deployment available",
+        Duration::from_secs(30),
+        || async {
+            let d = api.get(name).await.ok()?;
+            let s = d.status?;
+            (s.available_replicas == Some(n) && s.updated_replicas == Some(n)).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn adoption_pauses_without_hooks_and_deletion_unpauses() {
+    let env = Env::new("rost-adopt").await;
+    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
+    wait_available(&env, "web", 2).await;
+    env.apply(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {name: web}
+spec:
+  targetRef: {name: web}
+  pre: [{name: migrate, container: {from: app, command: [migrate]}}]
+"#,
+    );
+    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    assert!(s.stable_revision.is_some());
+    assert_eq!(s.stable_revision, s.current_revision);
+    assert!(s.stable_template.is_some());
+    assert!(env.paused("web").await, "adopted Deployment is paused");
+    assert!(env.all_jobs().await.is_empty(), "adoption runs no hook");
+
+    env.strategies()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let api = env.strategies();
+    wait_until("the strategy gone", Duration::from_secs(30), || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(!env.paused("web").await, "released Deployment is unpaused");
+}
+
+#[tokio::test]
+async fn paused_new_deployment_runs_pre_hooks_before_its_first_pods() {
+    let env = Env::new("rost-first").await;
+    env.apply(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {name: web}
+spec:
+  targetRef: {name: web}
+  pre: [{name: migrate, container: {from: app, command: [migrate]}}]
+"#,
+    );
+    env.apply(&deployment_yaml("web", "web:1", 2, true, ROLLING));
+    let s = env
+        .wait_phase("web", RolloutPhase::Succeeded, None, 60)
+        .await;
+    assert_eq!(s.hooks.len(), 1);
+    assert_eq!(s.hooks[0].phase, HookPhase::Succeeded);
+    let jobs = env.all_jobs().await;
+    let migrate = job_of(&jobs, "migrate");
+    assert_eq!(migrate.len(), 1);
+    let done = ts(&migrate[0].status.as_ref().unwrap().completion_time);
+    let rss = env.replica_sets().await;
+    assert_eq!(rss.len(), 1);
+    assert!(
+        ts(&rss[0].metadata.creation_timestamp) >= done - jiff::SignedDuration::from_secs(1),
+        "the first ReplicaSet appears only after the pre hook completed"
+    );
+    assert!(env.paused("web").await);
+    wait_available(&env, "web", 2).await;
+}
+
+/// A `job:` hook whose pod runs for `delay` (kwok completes it then; its jitter-delay is the
+/// upper bound of the delay, so it is set to the same value), or fails when `fail`.
+fn job_hook(image: &str, delay: &str, fail: bool) -> String {
+    let labels = if fail {
+        format!("{{{FAIL_LABEL}: \"true\"}}")
+    } else {
+        "{team: qa}".to_string()
+    };
+    format!(
+        r#"{{backoffLimit: 0, template: {{metadata: {{labels: {labels}, annotations: {{pod-complete.stage.kwok.x-k8s.io/delay: "{delay}", pod-complete.stage.kwok.x-k8s.io/jitter-delay: "{delay}"}}}}, spec: {{restartPolicy: Never, containers: [{{name: t, image: "{image}"}}]}}}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn image_change_runs_pre_then_mid_at_its_point_then_post() {
+    let env = Env::new("rost-seq").await;
+    env.apply(&deployment_yaml("web", "web:1", 4, false, ROLLING));
+    wait_available(&env, "web", 4).await;
+    env.apply(&format!(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {{name: web}}
+spec:
+  targetRef: {{name: web}}
+  pre: [{{name: migrate, container: {{from: app, command: [migrate]}}}}]
+  mid: [{{name: smoke, at: 50%, job: {}}}]
+  post: [{{name: purge, container: {{from: app, command: [purge]}}}}]
+"#,
+        job_hook("smoke:1", "3s", false)
+    ));
+    env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    env.set_image("web", "web:2").await;
+
+    // Watch the whole sequence and check what must hold at each phase.
+    let mut seen = vec![];
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sequence did not finish: {seen:?}"
+        );
+        let s = env.status("web").await;
+        let d = env.deployment("web").await;
+        let rss = env.replica_sets().await;
+        let phase = s.phase.unwrap();
+        if seen.last() != Some(&phase) {
+            seen.push(phase);
+        }
+        let paused = d.spec.as_ref().unwrap().paused == Some(true);
+        let new_rs = rs_of_image(&rss, "web:2");
+        match phase {
+            RolloutPhase::PreHook => {
+                assert!(paused, "paused during pre hooks");
+                assert!(
+                    new_rs.is_none(),
+                    "no ReplicaSet of the new revision during pre hooks"
+                );
+            }
+            RolloutPhase::MidHook
+                if s.hooks
+                    .iter()
+                    .any(|h| h.name == "smoke" && h.phase == HookPhase::Running) =>
+            {
+                assert!(paused, "paused during the mid hook");
+                let available = new_rs
+                    .and_then(|r| r.status.as_ref()?.available_replicas)
+                    .unwrap_or(0);
+                assert!(available >= 2, "mid hook runs at 50% of 4: {available}");
+            }
+            RolloutPhase::Succeeded if s.stable_revision == s.current_revision => break,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    for p in [
+        RolloutPhase::PreHook,
+        RolloutPhase::Rolling,
+        RolloutPhase::MidHook,
+        RolloutPhase::PostHook,
+        RolloutPhase::Succeeded,
+    ] {
+        assert!(seen.contains(&p), "phase {p:?} was seen: {seen:?}");
+    }
+    let order: Vec<_> = seen.iter().filter(|p| **p != RolloutPhase::Idle).collect();
+    assert_eq!(order.first(), Some(&&RolloutPhase::PreHook), "{seen:?}");
+
+    let jobs = env.all_jobs().await;
+    let rss = env.replica_sets().await;
+    let new_rs = rs_of_image(&rss, "web:2").unwrap();
+    let migrate = job_of(&jobs, "migrate")[0];
+    let smoke = job_of(&jobs, "smoke")[0];
+    let purge = job_of(&jobs, "purge")[0];
+    let done = |j: &Job| ts(&j.status.as_ref().unwrap().completion_time);
+    let created = |j: &Job| ts(&j.metadata.creation_timestamp);
+    let slack = jiff::SignedDuration::from_secs(1);
+    assert!(done(migrate) <= ts(&new_rs.metadata.creation_timestamp) + slack);
+    assert!(created(smoke) > ts(&new_rs.metadata.creation_timestamp));
+    assert!(created(purge) + slack >= done(smoke));
+    let d = env.deployment("web").await;
+    assert_eq!(
+        d.spec.as_ref().unwrap().paused,
+        Some(true),
+        "paused again at rest"
+    );
+    let st = d.status.unwrap();
+    assert_eq!(st.updated_replicas, Some(4));
+    assert_eq!(st.available_replicas, Some(4));
+    for reason in [
+        "RolloutStarted",
+        "HookStarted",
+        "HookSucceeded",
+        "RolloutSucceeded",
+    ] {
+        assert!(!env.events(reason).await.is_empty(), "an Event {reason}");
+    }
+    let s = env.status("web").await;
+    assert_eq!(s.hooks.len(), 3);
+    assert!(s.hooks.iter().all(|h| h.phase == HookPhase::Succeeded));
+    assert!(s.current_hook.is_none());
+    let (code, metrics) = env.op.http_get("/metrics").await.expect("metrics served");
+    assert_eq!(code, 200);
+    for line in [
+        "ballast_hook_runs_total{point=\"pre\",result=\"succeeded\"} 1",
+        "ballast_hook_runs_total{point=\"mid\",result=\"succeeded\"} 1",
+        "ballast_hook_runs_total{point=\"post\",result=\"succeeded\"} 1",
+        "ballast_rollout_phase_transitions_total{phase=\"Succeeded\"} 1",
+        "ballast_hook_duration_seconds_count{point=\"pre\",result=\"succeeded\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    let out = env
+        .c
+        .kubectl_ok(&["get", "rolloutstrategies", "-n", &env.ns.name]);
+    for col in [
+        "TARGET",
+        "PHASE",
+        "HOOK",
+        "REVISION",
+        "UPDATED",
+        "AGE",
+        "Succeeded",
+    ] {
+        assert!(out.contains(col), "{out}");
+    }
+}
+
+#[tokio::test]
+async fn container_hooks_inherit_the_new_revision_and_jobs_are_named_owned_and_pruned() {
+    let env = Env::new("rost-inherit").await;
+    env.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
+    wait_available(&env, "web", 1).await;
+    env.apply(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {name: web}
+spec:
+  targetRef: {name: web}
+  hookHistoryLimit: 1
+  pre:
+    - name: migrate
+      serviceAccountName: default
+      container: {from: app, command: [bin/migrate], args: [up], env: [{name: LOG_LEVEL, value: info}]}
+"#,
+    );
+    env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    let from = env.status("web").await.stable_revision.unwrap();
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &from, 60).await;
+    let rev = s.current_revision.clone().unwrap();
+    let name = format!("web-migrate-{rev}-1");
+    assert_eq!(s.hooks[0].job_name.as_deref(), Some(name.as_str()));
+    let job = env.jobs().get(&name).await.unwrap();
+    let labels = job.labels();
+    assert_eq!(labels["ballast.dev/strategy"], "web");
+    assert_eq!(labels["ballast.dev/hook"], "migrate");
+    assert_eq!(labels["ballast.dev/revision"], rev);
+    let owner = &job.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("RolloutStrategy", Some(true))
+    );
+    let spec = job.spec.clone().unwrap();
+    assert_eq!(spec.backoff_limit, Some(0));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "regcred");
+    assert_eq!(pod.service_account_name.as_deref(), Some("default"));
+    let vols: Vec<_> = pod.volumes.unwrap().into_iter().map(|v| v.name).collect();
+    assert_eq!(vols, ["config"]);
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some("web:2"),
+        "the NEW revision's image"
+    );
+    assert_eq!(c.command, Some(vec!["bin/migrate".to_string()]));
+    assert_eq!(c.args, Some(vec!["up".to_string()]));
+    assert_eq!(c.working_dir.as_deref(), Some("/srv"));
+    assert!(c.env_from.is_some());
+    assert_eq!(c.volume_mounts.as_ref().unwrap()[0].mount_path, "/etc/app");
+    assert!(c.resources.as_ref().unwrap().requests.is_some());
+    assert_eq!(
+        c.security_context.as_ref().unwrap().run_as_non_root,
+        Some(true)
+    );
+    let env_of: std::collections::BTreeMap<String, String> = c
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(env_of["DB"], "pg");
+    assert_eq!(env_of["LOG_LEVEL"], "info");
+    assert_eq!(env_of["BALLAST_STRATEGY"], "web");
+    assert_eq!(env_of["BALLAST_DEPLOYMENT"], "web");
+    assert_eq!(env_of["BALLAST_HOOK"], "migrate");
+    assert_eq!(env_of["BALLAST_HOOK_POINT"], "pre");
+    assert_eq!(env_of["BALLAST_FROM_REVISION"], from);
+    assert_eq!(env_of["BALLAST_TO_REVISION"], rev);
+    assert_eq!(env_of["BALLAST_ATTEMPT"], "1");
+
+    // A second revision: the first revision's Job is pruned (hookHistoryLimit 1).
+    env.set_image("web", "web:3").await;
+    let s2 = env.wait_succeeded_after("web", &rev, 60).await;
+    assert_ne!(s2.current_revision, s.current_revision);
+    let api = env.jobs();
+    wait_until(
+        "the old hook Job pruned",
+        Duration::from_secs(20),
+        || async {
+            let jobs = api.list(&ListParams::default()).await.ok()?.items;
+            (jobs.len() == 1 && jobs[0].name_any() != name).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Adopts Deployment `web` (image web:1, `replicas`) under a strategy with `hooks` (YAML lines
+/// of the spec) and returns the stable revision.
+async fn adopt(env: &Env, replicas: i32, hooks: &str) -> String {
+    env.apply(&deployment_yaml("web", "web:1", replicas, false, ROLLING));
+    wait_available(env, "web", replicas).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n{hooks}"
+    ));
+    env.wait_phase("web", RolloutPhase::Idle, None, 30)
+        .await
+        .stable_revision
+        .unwrap()
+}
+
+async fn pod_uids(env: &Env) -> Vec<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client(), &env.ns.name);
+    let mut uids: Vec<String> = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    uids.sort();
+    uids
+}
+
+fn image_of(d: &Deployment) -> String {
+    d.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn failed_pre_hook_rolls_back_and_leaves_old_pods_untouched() {
+    let env = Env::new("rost-prefail").await;
+    adopt(
+        &env,
+        2,
+        &format!(
+            "  onFailure: Rollback\n  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "1s", true)
+        ),
+    )
+    .await;
+    let before = pod_uids(&env).await;
+    env.set_image("web", "web:2").await;
+    let s = env
+        .wait_phase("web", RolloutPhase::RolledBack, None, 60)
+        .await;
+    let h = &s.hooks[0];
+    assert_eq!(h.phase, HookPhase::Failed);
+    assert_eq!(h.exit_code, Some(1));
+    assert_eq!(h.reason.as_deref(), Some("containerFailed"));
+    assert_eq!(h.message.as_deref(), Some("container failed"));
+    assert_eq!(
+        h.log_tail.as_deref(),
+        Some("container failed"),
+        "kwok has no logs: the terminated message"
+    );
+    let d = env.deployment("web").await;
+    assert_eq!(image_of(&d), "web:1", "the stable template is back");
+    assert_eq!(d.spec.unwrap().paused, Some(true));
+    assert!(rs_of_image(&env.replica_sets().await, "web:2").is_none());
+    assert_eq!(pod_uids(&env).await, before, "old pods untouched");
+    let failed = env.events("HookFailed").await;
+    assert!(failed.iter().any(|e| {
+        e.type_.as_deref() == Some("Warning")
+            && e.message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("exit code 1")
+    }));
+    assert!(!env.events("RolloutFailed").await.is_empty());
+    assert!(!env.events("RolledBack").await.is_empty());
+}
+
+#[tokio::test]
+async fn failed_pre_hook_with_halt_stays_paused_on_the_new_template() {
+    let env = Env::new("rost-halt").await;
+    adopt(
+        &env,
+        2,
+        &format!(
+            "  onFailure: Halt\n  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "1s", true)
+        ),
+    )
+    .await;
+    let before = pod_uids(&env).await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_phase("web", RolloutPhase::Failed, None, 60).await;
+    assert_eq!(s.hooks[0].exit_code, Some(1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let d = env.deployment("web").await;
+    assert_eq!(image_of(&d), "web:2");
+    assert_eq!(d.spec.unwrap().paused, Some(true));
+    assert!(rs_of_image(&env.replica_sets().await, "web:2").is_none());
+    assert_eq!(pod_uids(&env).await, before);
+    assert_eq!(env.status("web").await.phase, Some(RolloutPhase::Failed));
+}
+
+#[tokio::test]
+async fn failed_mid_hook_rolls_back_to_the_stable_replica_set() {
+    let env = Env::new("rost-midfail").await;
+    adopt(
+        &env,
+        4,
+        &format!(
+            "  mid: [{{name: smoke, at: 50%, job: {}}}]\n",
+            job_hook("s:1", "1s", true)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    env.wait_phase("web", RolloutPhase::RolledBack, None, 60)
+        .await;
+    let api = env.deployments();
+    let rs_api: Api<ReplicaSet> = Api::namespaced(env.client(), &env.ns.name);
+    wait_until(
+        "back on the stable ReplicaSet",
+        Duration::from_secs(40),
+        || async {
+            let d = api.get("web").await.ok()?;
+            let rss = rs_api.list(&ListParams::default()).await.ok()?.items;
+            let old = rs_of_image(&rss, "web:1")?.status.clone()?;
+            let new = rs_of_image(&rss, "web:2")?.status.clone()?;
+            (image_of(&d) == "web:1"
+                && d.spec.as_ref()?.paused == Some(true)
+                && old.available_replicas == Some(4)
+                && new.replicas == 0)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn retry_makes_new_attempts_with_backoff_then_aborts() {
+    let env = Env::new("rost-retry").await;
+    adopt(
+        &env,
+        1,
+        &format!(
+            "  onFailure: Halt\n  pre: [{{name: migrate, failurePolicy: Retry, retries: 2, job: {}}}]\n",
+            job_hook("m:1", "1s", true)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_phase("web", RolloutPhase::Failed, None, 90).await;
+    assert_eq!(s.hooks[0].attempt, 3);
+    let mut jobs = job_of(&env.all_jobs().await, "migrate")
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    jobs.sort_by_key(|j| j.labels()["ballast.dev/attempt"].clone());
+    let attempts: Vec<_> = jobs
+        .iter()
+        .map(|j| j.labels()["ballast.dev/attempt"].clone())
+        .collect();
+    assert_eq!(attempts, ["1", "2", "3"]);
+    let created = |j: &Job| ts(&j.metadata.creation_timestamp);
+    let gap1 = created(&jobs[1]).duration_since(created(&jobs[0]));
+    let gap2 = created(&jobs[2]).duration_since(created(&jobs[1]));
+    assert!(gap1.as_secs() >= 5, "first backoff 5s: {gap1:?}");
+    assert!(gap2.as_secs() >= 10, "second backoff 10s: {gap2:?}");
+}
+
+#[tokio::test]
+async fn ignored_failure_goes_on() {
+    let env = Env::new("rost-ignore").await;
+    let stable = adopt(
+        &env,
+        1,
+        &format!(
+            "  post: [{{name: purge, failurePolicy: Ignore, job: {}}}]\n",
+            job_hook("p:1", "1s", true)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    assert_eq!(s.hooks[0].phase, HookPhase::Failed);
+    assert_eq!(s.hooks[0].exit_code, Some(1));
+    assert_eq!(image_of(&env.deployment("web").await), "web:2");
+}
+
+#[tokio::test]
+async fn unschedulable_hook_fails_after_pending_timeout() {
+    let env = Env::new("rost-pending").await;
+    adopt(
+        &env,
+        1,
+        "  onFailure: Halt\n  pre:\n  - name: migrate\n    pendingTimeoutSeconds: 3\n    job: {backoffLimit: 0, template: {spec: {restartPolicy: Never, nodeSelector: {no-such-label: x}, containers: [{name: t, image: m}]}}}\n",
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_phase("web", RolloutPhase::Failed, None, 40).await;
+    let h = &s.hooks[0];
+    assert_eq!(h.reason.as_deref(), Some("Unschedulable"), "{h:?}");
+    assert!(
+        h.message
+            .as_deref()
+            .unwrap()
+            .contains("pendingTimeoutSeconds (3s)")
+    );
+    let api = env.jobs();
+    wait_until(
+        "the timed-out Job deleted",
+        Duration::from_secs(20),
+        || async {
+            api.list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn long_running_hook_fails_after_timeout() {
+    let env = Env::new("rost-timeout").await;
+    adopt(
+        &env,
+        1,
+        &format!(
+            "  onFailure: Halt\n  pre: [{{name: migrate, timeoutSeconds: 3, job: {}}}]\n",
+            job_hook("m:1", "60s", false)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_phase("web", RolloutPhase::Failed, None, 40).await;
+    assert_eq!(
+        s.hooks[0].reason.as_deref(),
+        Some("DeadlineExceeded"),
+        "{:?}",
+        s.hooks[0]
+    );
+}
+
+#[tokio::test]
+async fn rollout_that_does_not_progress_fails_after_the_deadline() {
+    let env = Env::new("rost-deadline").await;
+    adopt(
+        &env,
+        2,
+        "  progressDeadlineSeconds: 5\n  onFailure: Rollback\n",
+    )
+    .await;
+    // The new revision's pods can never be scheduled.
+    let patch = json!({"spec": {"template": {"spec": {"nodeSelector": {"no-such-label": "x"}}}}});
+    env.deployments()
+        .patch("web", &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+    let s = env
+        .wait_phase("web", RolloutPhase::RolledBack, None, 40)
+        .await;
+    assert!(s.message.unwrap().contains("progressDeadlineSeconds"));
+    let api = env.deployments();
+    wait_until(
+        "the stable template back and complete",
+        Duration::from_secs(30),
+        || async {
+            let d = api.get("web").await.ok()?;
+            let st = d.status.clone()?;
+            (d.spec
+                .as_ref()?
+                .template
+                .spec
+                .as_ref()?
+                .node_selector
+                .is_none()
+                && st.updated_replicas == Some(2)
+                && st.replicas == Some(2)
+                && d.spec.as_ref()?.paused == Some(true))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn approval_gate_opens_only_for_its_revision() {
+    let env = Env::new("rost-approve").await;
+    let stable = adopt(&env, 4, "  mid: [{name: go-live, at: 50%, approval: {}}]\n").await;
+    env.set_image("web", "web:2").await;
+    let s = env
+        .wait_phase("web", RolloutPhase::WaitingApproval, None, 40)
+        .await;
+    let rev = s.current_revision.clone().unwrap();
+    assert_eq!(s.current_hook.as_deref(), Some("go-live"));
+    assert!(env.paused("web").await);
+    env.annotate("web", "ballast.dev/approve", &stable).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.status("web").await.phase,
+        Some(RolloutPhase::WaitingApproval),
+        "another revision's approval does not count"
+    );
+    env.annotate("web", "ballast.dev/approve", &rev).await;
+    let s = env.wait_succeeded_after("web", &stable, 40).await;
+    assert_eq!(s.hooks[0].phase, HookPhase::Succeeded);
+    let obj = env.strategies().get("web").await.unwrap();
+    assert!(
+        !obj.annotations().contains_key("ballast.dev/approve"),
+        "an approval is used once"
+    );
+}
+
+#[tokio::test]
+async fn retry_annotation_reruns_a_failed_revision_with_new_attempts() {
+    let env = Env::new("rost-retryann").await;
+    adopt(
+        &env,
+        1,
+        &format!(
+            "  onFailure: Halt\n  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "1s", true)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_phase("web", RolloutPhase::Failed, None, 40).await;
+    let rev = s.current_revision.clone().unwrap();
+    // Fix the hook, then ask for a retry of the failed revision.
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  onFailure: Halt\n  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "1s", false)
+    ));
+    env.annotate("web", "ballast.dev/retry", &rev).await;
+    let s = env
+        .wait_phase("web", RolloutPhase::Succeeded, Some(&rev), 40)
+        .await;
+    assert_eq!(s.hooks[0].attempt, 2);
+    assert_eq!(
+        s.hooks[0].job_name.as_deref(),
+        Some(format!("web-migrate-{rev}-2").as_str())
+    );
+    let obj = env.strategies().get("web").await.unwrap();
+    assert!(!obj.annotations().contains_key("ballast.dev/retry"));
+    assert_eq!(image_of(&env.deployment("web").await), "web:2");
+}
+
+impl Env {
+    /// SIGKILLs the operator and starts a new one (on a fresh Lease, so it need not wait for
+    /// the dead one's to expire).
+    fn restart(&mut self, n: usize) {
+        self.op.kill();
+        self.op = Operator::start_with(
+            &self.c,
+            &self.ns.name,
+            &format!("ballast-{}-{n}", self.ns.name),
+            &[],
+        );
+    }
+
+    fn kill(&mut self) {
+        self.op.kill();
+    }
+
+    async fn wait_job_complete(&self, hook: &str) {
+        let api = self.jobs();
+        wait_until("the hook Job complete", Duration::from_secs(30), || async {
+            let jobs = api.list(&ListParams::default()).await.ok()?.items;
+            job_of(&jobs, hook)
+                .iter()
+                .any(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(1))
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+fn running(s: &RolloutStrategyStatus, hook: &str) -> bool {
+    s.hooks
+        .iter()
+        .any(|h| h.name == hook && h.phase == HookPhase::Running)
+}
+
+#[tokio::test]
+async fn sigkill_at_every_step_resumes_without_duplicates_or_skips() {
+    let mut env = Env::new("rost-crash").await;
+    let stable = adopt(
+        &env,
+        4,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n  mid: [{{name: smoke, at: 50%, job: {}}}]\n  post: [{{name: purge, job: {}}}]\n",
+            job_hook("m:1", "4s", false),
+            job_hook("s:1", "4s", false),
+            job_hook("p:1", "4s", false)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let mut restarts = 0;
+    for (phase, hook) in [
+        (RolloutPhase::PreHook, "migrate"),
+        (RolloutPhase::MidHook, "smoke"),
+        (RolloutPhase::PostHook, "purge"),
+    ] {
+        env.wait_status("web", &format!("{hook} running"), 40, |s| {
+            s.phase == Some(phase) && running(s, hook)
+        })
+        .await;
+        // Down while the hook finishes: the next operator finds it done, records it and goes
+        // on (between the hook's success and the next write).
+        env.kill();
+        env.wait_job_complete(hook).await;
+        assert!(
+            env.paused("web").await,
+            "nothing moves while the operator is down"
+        );
+        restarts += 1;
+        env.restart(restarts);
+        if phase == RolloutPhase::PreHook {
+            // Once more while the rollout progresses.
+            env.wait_phase("web", RolloutPhase::Rolling, None, 30).await;
+            restarts += 1;
+            env.restart(restarts);
+        }
+    }
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    assert_eq!(s.hooks.len(), 3);
+    assert!(
+        s.hooks
+            .iter()
+            .all(|h| h.phase == HookPhase::Succeeded && h.attempt == 1)
+    );
+    let jobs = env.all_jobs().await;
+    assert_eq!(
+        jobs.len(),
+        3,
+        "one Job per hook: {:?}",
+        jobs.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+    );
+    let d = env.deployment("web").await;
+    assert_eq!(image_of(&d), "web:2");
+    assert_eq!(d.spec.unwrap().paused, Some(true));
+    assert_eq!(d.status.unwrap().updated_replicas, Some(4));
+}
+
+#[tokio::test]
+async fn recreate_runs_mid_hooks_with_no_pods_and_restores_replicas_after_a_crash() {
+    let mut env = Env::new("rost-recreate").await;
+    env.apply(&deployment_yaml(
+        "web",
+        "web:1",
+        3,
+        false,
+        "{type: Recreate}",
+    ));
+    wait_available(&env, "web", 3).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  mid: [{{name: schema, at: 1, job: {}}}]\n",
+        job_hook("s:1", "4s", false)
+    ));
+    let stable = env
+        .wait_phase("web", RolloutPhase::Idle, None, 30)
+        .await
+        .stable_revision
+        .unwrap();
+    env.set_image("web", "web:2").await;
+    let s = env
+        .wait_status("web", "schema running", 40, |s| running(s, "schema"))
+        .await;
+    assert_eq!(s.original_replicas, Some(3));
+    let d = env.deployment("web").await;
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(0));
+    assert_eq!(
+        d.status.as_ref().unwrap().replicas.unwrap_or(0),
+        0,
+        "old pods are gone"
+    );
+    assert!(
+        rs_of_image(&env.replica_sets().await, "web:2").is_none(),
+        "no new pods yet"
+    );
+    env.kill();
+    env.wait_job_complete("schema").await;
+    env.restart(1);
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    assert_eq!(s.original_replicas, None);
+    let d = env.deployment("web").await;
+    assert_eq!(
+        d.spec.as_ref().unwrap().replicas,
+        Some(3),
+        "replicas restored"
+    );
+    assert_eq!(image_of(&d), "web:2");
+    wait_available(&env, "web", 3).await;
+}
+
+#[tokio::test]
+async fn new_revision_during_a_hook_waits_for_it_then_starts_over() {
+    let env = Env::new("rost-supersede").await;
+    let stable = adopt(
+        &env,
+        1,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "5s", false)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let first = env
+        .wait_status("web", "migrate running", 30, |s| running(s, "migrate"))
+        .await
+        .current_revision
+        .unwrap();
+    env.set_image("web", "web:3").await;
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    assert_ne!(s.current_revision.as_deref(), Some(first.as_str()));
+    assert_eq!(image_of(&env.deployment("web").await), "web:3");
+    let jobs = env.all_jobs().await;
+    let mut names: Vec<_> = jobs.iter().map(|j| j.name_any()).collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "one Job per revision: {names:?}");
+    let first_job = jobs
+        .iter()
+        .find(|j| j.labels()["ballast.dev/revision"] == first)
+        .unwrap();
+    assert_eq!(
+        first_job.status.as_ref().unwrap().succeeded,
+        Some(1),
+        "the running hook was let finish"
+    );
+    let second_job = jobs
+        .iter()
+        .find(|j| j.labels()["ballast.dev/revision"] != first)
+        .unwrap();
+    assert!(
+        ts(&second_job.metadata.creation_timestamp)
+            >= ts(&first_job.status.as_ref().unwrap().completion_time)
+                - jiff::SignedDuration::from_secs(1)
+    );
+    assert!(
+        rs_of_image(&env.replica_sets().await, "web:2").is_none(),
+        "web:2 never rolled out"
+    );
+}
+
+#[tokio::test]
+async fn a_spread_policy_change_goes_through_the_strategy_hooks() {
+    let env = Env::new("rost-spread").await;
+    let stable = adopt(
+        &env,
+        2,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "2s", false)
+        ),
+    )
+    .await;
+    let patch = json!({"metadata": {"labels": {"tier": "web"}}});
+    env.deployments()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    env.apply(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: SpreadPolicy
+metadata: {name: web-zones}
+spec:
+  selector: {matchLabels: {tier: web}}
+  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Preferred, weight: 100}]
+"#,
+    );
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    let d = env.deployment("web").await;
+    let template = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert!(
+        template.affinity.is_some(),
+        "the policy's terms are in the template"
+    );
+    let jobs = env.all_jobs().await;
+    let migrate = job_of(&jobs, "migrate");
+    assert_eq!(migrate.len(), 1);
+    assert_eq!(
+        migrate[0].labels()["ballast.dev/revision"],
+        s.current_revision.clone().unwrap()
+    );
+    let done = ts(&migrate[0].status.as_ref().unwrap().completion_time);
+    let rss = env.replica_sets().await;
+    let newest = rss
+        .iter()
+        .max_by_key(|r| ts(&r.metadata.creation_timestamp))
+        .unwrap();
+    assert!(
+        ts(&newest.metadata.creation_timestamp) >= done - jiff::SignedDuration::from_secs(1),
+        "the policy's template rolled out only after the pre hook"
+    );
+}
+
+#[tokio::test]
+async fn deleting_the_strategy_during_a_recreate_mid_hook_gives_everything_back() {
+    let env = Env::new("rost-release").await;
+    env.apply(&deployment_yaml(
+        "web",
+        "web:1",
+        2,
+        false,
+        "{type: Recreate}",
+    ));
+    wait_available(&env, "web", 2).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  mid: [{{name: schema, at: 1, job: {}}}]\n",
+        job_hook("s:1", "30s", false)
+    ));
+    env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    env.set_image("web", "web:2").await;
+    env.wait_status("web", "schema running", 40, |s| running(s, "schema"))
+        .await;
+    assert_eq!(env.deployment("web").await.spec.unwrap().replicas, Some(0));
+    env.strategies()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let api = env.deployments();
+    wait_until(
+        "the Deployment unpaused with its replicas",
+        Duration::from_secs(30),
+        || async {
+            let d = api.get("web").await.ok()?;
+            let spec = d.spec?;
+            (spec.paused != Some(true) && spec.replicas == Some(2)).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_second_strategy_for_the_same_deployment_stands_aside() {
+    let env = Env::new("rost-two").await;
+    adopt(&env, 1, "").await;
+    env.apply(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {name: web-2}\nspec:\n  targetRef: {name: web}\n",
+    );
+    let s = env
+        .wait_status("web-2", "Conflicted", 30, |s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "Conflicted")
+        })
+        .await;
+    assert!(
+        s.message
+            .unwrap()
+            .contains("governed by RolloutStrategy web")
+    );
+    env.strategies()
+        .delete("web-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    let api = env.strategies();
+    wait_until("web-2 gone", Duration::from_secs(30), || async {
+        api.get_opt("web-2").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(
+        env.paused("web").await,
+        "the governing strategy keeps it paused"
+    );
+}
+
+#[tokio::test]
+async fn adopting_a_paused_deployment_with_a_pending_change_hooks_the_change() {
+    let env = Env::new("rost-pending-change").await;
+    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
+    wait_available(&env, "web", 2).await;
+    let before = pod_uids(&env).await;
+    env.c
+        .kubectl_ok(&["rollout", "pause", "deployment/web", "-n", &env.ns.name]);
+    env.set_image("web", "web:2").await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "1s", true)
+    ));
+    // The pending change gets its pre hook, which fails: the running template comes back.
+    let s = env
+        .wait_phase("web", RolloutPhase::RolledBack, None, 40)
+        .await;
+    assert_eq!(s.hooks[0].name, "migrate");
+    let d = env.deployment("web").await;
+    assert_eq!(image_of(&d), "web:1");
+    assert_eq!(d.spec.unwrap().paused, Some(true));
+    assert!(rs_of_image(&env.replica_sets().await, "web:2").is_none());
+    assert_eq!(pod_uids(&env).await, before);
+    assert_eq!(
+        env.replica_sets().await.len(),
+        1,
+        "the same ReplicaSet serves"
+    );
+}
