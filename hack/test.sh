@@ -22,4 +22,5 @@ export KUBECONFIG="$STATE/kubeconfig"
 export BALLAST_KUBECTL="$STATE/bin/kubectl"
 # Tests that need the cluster fail (never skip) when it is missing.
 export BALLAST_REQUIRE_CLUSTER=1
-cargo test --all-targets -- "$@"
+# Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
+cargo test --lib --bins --tests -- "$@"

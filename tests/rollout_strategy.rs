@@ -429,9 +429,45 @@ spec:
     let done = |j: &Job| ts(&j.status.as_ref().unwrap().completion_time);
     let created = |j: &Job| ts(&j.metadata.creation_timestamp);
     let slack = jiff::SignedDuration::from_secs(1);
-    assert!(done(migrate) <= ts(&new_rs.metadata.creation_timestamp) + slack);
-    assert!(created(smoke) > ts(&new_rs.metadata.creation_timestamp));
-    assert!(created(purge) + slack >= done(smoke));
+    let rs_created = ts(&new_rs.metadata.creation_timestamp);
+    // The migration's container had finished before the first pod of the
+    // new revision could exist. (The pod's own finish time, not the Job's
+    // completionTime, which the Job controller may stamp late under load.)
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client(), &env.ns.name);
+    let migrate_pods = pods
+        .list(&ListParams::default().labels(&format!("job-name={}", migrate.name_any())))
+        .await
+        .unwrap();
+    let finished = migrate_pods
+        .items
+        .iter()
+        .filter_map(|p| {
+            let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+            cs.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()
+                .map(|t| t.0)
+        })
+        .max()
+        .expect("the migrate pod finished");
+    assert!(
+        finished <= rs_created + slack,
+        "migrate finished at {finished} but the new ReplicaSet was created at {rs_created}"
+    );
+    assert!(
+        created(smoke) > rs_created,
+        "smoke created at {} vs ReplicaSet at {rs_created}",
+        created(smoke)
+    );
+    assert!(
+        created(purge) + slack >= done(smoke),
+        "purge created at {} vs smoke done at {}",
+        created(purge),
+        done(smoke)
+    );
     let d = env.deployment("web").await;
     assert_eq!(
         d.spec.as_ref().unwrap().paused,

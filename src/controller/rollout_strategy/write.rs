@@ -44,22 +44,24 @@ pub async fn set_paused(client: &Client, ns: &str, name: &str, paused: bool) -> 
     Ok(())
 }
 
+/// Parameters of our non-apply writes (scale, rollback): they carry the
+/// field manager too, so `managedFields` shows who changed what.
+fn update_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(ROLLOUT_STRATEGY_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
 /// Sets `spec.replicas` of Deployment `name`.
 pub async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) -> Result<(), Error> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let patch = json_patch(serde_json::json!([
         {"op": "add", "path": "/spec/replicas", "value": replicas},
     ]));
-    api.patch(
-        name,
-        &PatchParams {
-            field_manager: Some(ROLLOUT_STRATEGY_MANAGER.into()),
-            ..Default::default()
-        },
-        &Patch::<()>::Json(patch),
-    )
-    .await
-    .map_err(deployment_error)?;
+    api.patch(name, &update_params(), &Patch::<()>::Json(patch))
+        .await
+        .map_err(deployment_error)?;
     Ok(())
 }
 
@@ -77,16 +79,9 @@ pub async fn restore_template(
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "replace", "path": "/spec/template", "value": template},
     ]));
-    api.patch(
-        name,
-        &PatchParams {
-            field_manager: Some(ROLLOUT_STRATEGY_MANAGER.into()),
-            ..Default::default()
-        },
-        &Patch::<()>::Json(patch),
-    )
-    .await
-    .map_err(deployment_error)?;
+    api.patch(name, &update_params(), &Patch::<()>::Json(patch))
+        .await
+        .map_err(deployment_error)?;
     Ok(())
 }
 
