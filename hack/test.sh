@@ -19,7 +19,6 @@ trap cleanup EXIT
 hack/cluster-up.sh
 
 export KUBECONFIG="$STATE/kubeconfig"
-export BALLAST_KUBECTL="$STATE/bin/kubectl"
 # Tests that need the cluster fail (never skip) when it cannot be started.
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
 cargo test --lib --bins --tests -- "$@"
