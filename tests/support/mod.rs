@@ -262,19 +262,58 @@ impl Drop for TestNamespace {
             eprintln!("keeping test namespace {}", self.name);
             return;
         }
-        let _ = Command::new(&self.kubectl)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args([
-                "delete",
-                "namespace",
+        let kubectl = |args: &[&str]| {
+            Command::new(&self.kubectl)
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+        };
+        let _ = kubectl(&[
+            "delete",
+            "namespace",
+            &self.name,
+            "--wait=false",
+            "--ignore-not-found",
+        ]);
+        // The test's operator may be gone (or go any moment) before it has
+        // released its finalizers: take them off, or the namespace would
+        // hang in Terminating. Once the namespace is being deleted no
+        // operator adds them back.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let Ok(out) = kubectl(&[
+                "get",
+                "spreadpolicies,rolloutstrategies",
+                "-n",
                 &self.name,
-                "--wait=false",
-                "--ignore-not-found",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+                "-o",
+                "name",
+            ]) else {
+                return;
+            };
+            let objects: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if objects.is_empty() {
+                return;
+            }
+            for obj in &objects {
+                let _ = kubectl(&[
+                    "patch",
+                    obj,
+                    "-n",
+                    &self.name,
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
     }
 }
 
