@@ -22,10 +22,11 @@ use support::{Cluster, Operator, TestNamespace, cluster, wait_until};
 
 const FAIL_LABEL: &str = "pod-container-running-failed.stage.kwok.x-k8s.io";
 
+/// Fields drop in order: the operator stops before its namespace goes.
 struct Env {
+    op: Operator,
     c: Cluster,
     ns: TestNamespace,
-    op: Operator,
 }
 
 impl Env {

@@ -219,10 +219,11 @@ async fn wait_spread(c: &Cluster, ns: &str, selector: &str, key: &str, want: &[(
     .await;
 }
 
+/// Fields drop in order: the operator stops before its namespace goes.
 struct Setup {
+    op: Operator,
     c: Cluster,
     ns: TestNamespace,
-    op: Operator,
 }
 
 async fn setup(prefix: &str) -> Setup {

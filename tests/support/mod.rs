@@ -270,6 +270,46 @@ impl Drop for TestNamespace {
                 .stdin(Stdio::null())
                 .output()
         };
+        // The test's operator may be gone before it released its
+        // finalizers: take them off, or the namespace would hang in
+        // Terminating. Again after the delete, in case an operator that was
+        // still running added one back (none does to an object being deleted).
+        let strip = |timeout: Duration| {
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                let Ok(out) = kubectl(&[
+                    "get",
+                    "spreadpolicies,rolloutstrategies",
+                    "-n",
+                    &self.name,
+                    "-o",
+                    r#"jsonpath={range .items[?(@.metadata.finalizers)]}{.kind}/{.metadata.name}{"\n"}{end}"#,
+                ]) else {
+                    return;
+                };
+                let held: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(String::from)
+                    .collect();
+                if held.is_empty() {
+                    return;
+                }
+                for obj in &held {
+                    let _ = kubectl(&[
+                        "patch",
+                        obj,
+                        "-n",
+                        &self.name,
+                        "--type=merge",
+                        "-p",
+                        r#"{"metadata":{"finalizers":null}}"#,
+                    ]);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        };
+        strip(Duration::from_secs(5));
         let _ = kubectl(&[
             "delete",
             "namespace",
@@ -277,43 +317,7 @@ impl Drop for TestNamespace {
             "--wait=false",
             "--ignore-not-found",
         ]);
-        // The test's operator may be gone (or go any moment) before it has
-        // released its finalizers: take them off, or the namespace would
-        // hang in Terminating. Once the namespace is being deleted no
-        // operator adds them back.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            let Ok(out) = kubectl(&[
-                "get",
-                "spreadpolicies,rolloutstrategies",
-                "-n",
-                &self.name,
-                "-o",
-                "name",
-            ]) else {
-                return;
-            };
-            let objects: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect();
-            if objects.is_empty() {
-                return;
-            }
-            for obj in &objects {
-                let _ = kubectl(&[
-                    "patch",
-                    obj,
-                    "-n",
-                    &self.name,
-                    "--type=merge",
-                    "-p",
-                    r#"{"metadata":{"finalizers":null}}"#,
-                ]);
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        strip(Duration::from_secs(5));
     }
 }
 
