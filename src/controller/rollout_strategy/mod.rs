@@ -22,13 +22,12 @@ pub mod write;
 use super::{Context, ShutdownSignal};
 use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{HookPhase, RolloutStrategy};
-use crate::k8s::ROLLOUT_STRATEGY_MANAGER;
+use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
 use error::Error;
 use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::Pod};
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
@@ -162,23 +161,12 @@ async fn set_finalizers(
     obj: &RolloutStrategy,
     finalizers: Vec<String>,
 ) -> Result<(), Error> {
-    // The resourceVersion test makes this a compare-and-swap.
-    let patch = serde_json::json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": obj.resource_version()},
-        {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
-    ]);
-    let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::default(),
-        &Patch::<()>::Json(patch),
-    )
-    .await
-    .map_err(|e| match e {
-        kube::Error::Api(s) if s.code == 422 || s.code == 409 => Error::Conflict,
-        e => Error::Finalizer(e),
-    })?;
-    Ok(())
+    finalizer::set(api, obj, finalizers)
+        .await
+        .map_err(|e| match e {
+            finalizer::Error::Stale => Error::Conflict,
+            finalizer::Error::Api(e) => Error::Finalizer(e),
+        })
 }
 
 async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {

@@ -22,7 +22,7 @@ pub mod write;
 
 use super::{Context, ShutdownSignal};
 use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
-use crate::k8s::{SPREAD_POLICY_MANAGER, apply};
+use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
 use error::Error;
 use feasibility::NodeInfo;
 use futures::StreamExt;
@@ -32,7 +32,6 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
@@ -266,26 +265,12 @@ async fn set_finalizers(
     policy: &SpreadPolicy,
     finalizers: Vec<String>,
 ) -> Result<(), Error> {
-    // The resourceVersion test makes this a compare-and-swap.
-    let patch = serde_json::json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": policy.resource_version()},
-        {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
-    ]);
-    let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
-    match api
-        .patch(
-            &policy.name_any(),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
+    finalizer::set(api, policy, finalizers)
         .await
-    {
-        Ok(_) => Ok(()),
-        // A failed `test` (422) or a conflict: our copy is stale; the newer
-        // version is already on its way through the watch.
-        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Err(Error::Stale),
-        Err(e) => Err(Error::Finalizer(e)),
-    }
+        .map_err(|e| match e {
+            finalizer::Error::Stale => Error::Stale,
+            finalizer::Error::Api(e) => Error::Finalizer(e),
+        })
 }
 
 async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
