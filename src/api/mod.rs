@@ -131,41 +131,53 @@ mod tests {
         );
     }
 
+    /// Calls `visit` on every schema node below `v` (itself included): through
+    /// `properties`, `items` and object-valued `additionalProperties`.
+    fn each_schema_node(
+        path: &str,
+        v: &serde_json::Value,
+        visit: &mut impl FnMut(&str, &serde_json::Map<String, serde_json::Value>),
+    ) {
+        let Some(obj) = v.as_object() else { return };
+        visit(path, obj);
+        if let Some(props) = obj.get("properties").and_then(|p| p.as_object()) {
+            for (k, p) in props {
+                each_schema_node(&format!("{path}.{k}"), p, visit);
+            }
+        }
+        if let Some(items) = obj.get("items") {
+            each_schema_node(&format!("{path}[]"), items, visit);
+        }
+        if let Some(ap) = obj.get("additionalProperties").filter(|a| a.is_object()) {
+            each_schema_node(&format!("{path}{{}}"), ap, visit);
+        }
+    }
+
     /// The API server refuses non-structural schemas; catch the usual culprits here.
     #[test]
     fn schemas_are_structural() {
         fn walk(path: &str, v: &serde_json::Value, problems: &mut Vec<String>) {
-            let Some(obj) = v.as_object() else { return };
-            for banned in [
-                "anyOf",
-                "oneOf",
-                "allOf",
-                "not",
-                "$ref",
-                "definitions",
-                "$defs",
-            ] {
-                if obj.contains_key(banned) {
-                    problems.push(format!("{path}: {banned}"));
+            each_schema_node(path, v, &mut |path, obj| {
+                for banned in [
+                    "anyOf",
+                    "oneOf",
+                    "allOf",
+                    "not",
+                    "$ref",
+                    "definitions",
+                    "$defs",
+                ] {
+                    if obj.contains_key(banned) {
+                        problems.push(format!("{path}: {banned}"));
+                    }
                 }
-            }
-            let typed = obj.contains_key("type")
-                || obj.contains_key("x-kubernetes-int-or-string")
-                || obj.contains_key("x-kubernetes-preserve-unknown-fields");
-            if !typed {
-                problems.push(format!("{path}: no type"));
-            }
-            if let Some(props) = obj.get("properties").and_then(|p| p.as_object()) {
-                for (k, p) in props {
-                    walk(&format!("{path}.{k}"), p, problems);
+                let typed = obj.contains_key("type")
+                    || obj.contains_key("x-kubernetes-int-or-string")
+                    || obj.contains_key("x-kubernetes-preserve-unknown-fields");
+                if !typed {
+                    problems.push(format!("{path}: no type"));
                 }
-            }
-            if let Some(items) = obj.get("items") {
-                walk(&format!("{path}[]"), items, problems);
-            }
-            if let Some(ap) = obj.get("additionalProperties").filter(|a| a.is_object()) {
-                walk(&format!("{path}{{}}"), ap, problems);
-            }
+            });
         }
         for crd in crds() {
             let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
@@ -180,8 +192,10 @@ mod tests {
     #[test]
     fn spec_strings_and_lists_are_bounded() {
         fn walk(path: &str, v: &serde_json::Value, problems: &mut Vec<String>) {
-            let Some(obj) = v.as_object() else { return };
-            match obj.get("type").and_then(|t| t.as_str()) {
+            each_schema_node(path, v, &mut |path, obj| match obj
+                .get("type")
+                .and_then(|t| t.as_str())
+            {
                 Some("string") if !obj.contains_key("maxLength") && !obj.contains_key("enum") => {
                     problems.push(format!("{path}: string without maxLength"));
                 }
@@ -189,18 +203,7 @@ mod tests {
                     problems.push(format!("{path}: array without maxItems"));
                 }
                 _ => {}
-            }
-            if let Some(props) = obj.get("properties").and_then(|p| p.as_object()) {
-                for (k, p) in props {
-                    walk(&format!("{path}.{k}"), p, problems);
-                }
-            }
-            if let Some(items) = obj.get("items") {
-                walk(&format!("{path}[]"), items, problems);
-            }
-            if let Some(ap) = obj.get("additionalProperties").filter(|a| a.is_object()) {
-                walk(&format!("{path}{{}}"), ap, problems);
-            }
+            });
         }
         for crd in crds() {
             let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
