@@ -165,8 +165,8 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         .filter(move |n| {
             let changed = match n {
                 Ok(n) => {
-                    fingerprints.insert(n.name_any(), node_fingerprint(n))
-                        != Some(node_fingerprint(n))
+                    let fp = node_fingerprint(n);
+                    fingerprints.insert(n.name_any(), fp) != Some(fp)
                 }
                 Err(_) => true,
             };
