@@ -51,6 +51,8 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// What every reconcile of this controller shares.
 pub struct State {
     ctx: Context,
+    /// Ends waits that the shutdown would otherwise sit out.
+    shutdown: ShutdownSignal,
     recorder: Recorder,
     strategies: Store<RolloutStrategy>,
 }
@@ -107,6 +109,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     };
     let state = Arc::new(State {
         recorder: Recorder::new(ctx.client.clone(), reporter),
+        shutdown: shutdown.clone(),
         ctx: ctx.clone(),
         strategies: s3,
     });
@@ -171,10 +174,12 @@ async fn set_finalizers(
 
 async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
     // Which strategy governs a Deployment is read from the cache of all strategies.
-    tokio::time::timeout(Duration::from_secs(30), st.strategies.wait_until_ready())
-        .await
-        .map_err(|_| Error::CacheNotReady)?
-        .map_err(|_| Error::CacheNotReady)?;
+    let ready = async {
+        let _ = st.strategies.wait_until_ready().await;
+    };
+    if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
+        return Err(Error::CacheNotReady);
+    }
     let ns = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
     let client = &st.ctx.client;

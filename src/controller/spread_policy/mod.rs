@@ -55,6 +55,8 @@ pub const FINALIZER: &str = "ballast.dev/spread-policy";
 /// What every reconcile of this controller shares.
 pub struct State {
     ctx: Context,
+    /// Ends waits that the shutdown would otherwise sit out.
+    shutdown: ShutdownSignal,
     policies: Store<SpreadPolicy>,
     deployments: Store<Deployment>,
     stateful_sets: Store<StatefulSet>,
@@ -182,6 +184,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     };
     let state = Arc::new(State {
         recorder: Recorder::new(ctx.client.clone(), reporter),
+        shutdown: shutdown.clone(),
         ctx,
         policies: policies.clone(),
         deployments,
@@ -233,9 +236,9 @@ async fn reconcile(policy: Arc<SpreadPolicy>, st: Arc<State>) -> Result<Action, 
         let _ = st.stateful_sets.wait_until_ready().await;
         let _ = st.nodes.wait_until_ready().await;
     };
-    tokio::time::timeout(Duration::from_secs(30), ready)
-        .await
-        .map_err(|_| Error::CacheNotReady)?;
+    if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
+        return Err(Error::CacheNotReady);
+    }
     let result = sync(&policy, &st).await;
     st.ctx
         .metrics
