@@ -53,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init(args.log_format);
 
     let metrics = Metrics::default();
+    let health = ballast::health::Health::default();
     let ready = Arc::new(AtomicBool::new(false));
     let stop = controller::shutdown_signal(termination());
 
@@ -128,6 +129,7 @@ async fn main() -> anyhow::Result<()> {
         client,
         metrics: metrics.clone(),
         namespace: args.watch_namespace,
+        health: health.clone(),
     };
     tracing::info!(namespace = ?ctx.namespace, "starting controllers");
     controller::run(ctx, shutdown).await;

@@ -1,12 +1,28 @@
 //! The two controllers and what they share. Each controller is a folder of
 //! steps — read → decide → write → status — where the middle step is pure.
 
+pub mod backoff;
 pub mod rollout_strategy;
 pub mod spread_policy;
 
+use crate::health::Health;
+use crate::k8s::conditions::{Status, set_condition};
+use crate::k8s::lenient::Invalid;
 use crate::metrics::Metrics;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use kube::Client;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{
+    Api, Client, Resource,
+    api::{Patch, PatchParams},
+    runtime::{
+        WatchStreamExt,
+        events::{Event, EventType, Recorder},
+        watcher,
+    },
+};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
 
 /// Resolves once the manager should stop (SIGTERM, SIGINT or lost leadership).
 pub type ShutdownSignal = Shared<BoxFuture<'static, ()>>;
@@ -19,6 +35,8 @@ pub struct Context {
     /// Restricts the controllers to one namespace (`--watch-namespace`);
     /// `None` watches all namespaces.
     pub namespace: Option<String>,
+    /// Where every watch reports whether it keeps failing (for `/healthz`).
+    pub health: Health,
 }
 
 impl Context {
@@ -79,4 +97,106 @@ pub fn shutdown_signal(
     f: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> ShutdownSignal {
     f.boxed().shared()
+}
+
+/// A watch of `api` with kube-runtime's default backoff, reporting to [`Health`] under `name`
+/// (`controller/resource`) whether it keeps failing.
+pub fn watch<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    health: Health,
+    name: &'static str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher(api, cfg)
+        .default_backoff()
+        .inspect(move |r| match r {
+            Ok(_) => health.watch_ok(name),
+            Err(e) => {
+                tracing::warn!(watch = name, error = %e, "watch failed; retrying with backoff");
+                health.watch_failed(name);
+            }
+        })
+}
+
+/// Condition reason and Event reason for a stored object that cannot be read.
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+
+/// Reports on `obj` itself that this version of ballast cannot read it: `Ready=False` and
+/// `Stalled=True` with reason `InvalidSpec` (merged into its status conditions, so nothing else
+/// of its status is lost), and a Warning Event when that is news. Everything else goes on.
+pub async fn report_invalid<K>(
+    client: &Client,
+    recorder: &Recorder,
+    manager: &str,
+    obj: &Invalid,
+) -> kube::Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let meta = &obj.metadata;
+    let (Some(name), Some(ns)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
+        return Ok(());
+    };
+    let message = format!(
+        "ballast cannot read this object, so it does nothing for it: {}. Fix the spec (kubectl edit) or delete it.",
+        obj.error
+    );
+    let now = jiff::Timestamp::now();
+    let mut conditions = obj.conditions.clone();
+    let generation = meta.generation;
+    let changed = set_condition(
+        &mut conditions,
+        "Ready",
+        Status::False,
+        REASON_INVALID_SPEC,
+        &message,
+        generation,
+        now,
+    ) | set_condition(
+        &mut conditions,
+        "Stalled",
+        Status::True,
+        REASON_INVALID_SPEC,
+        &message,
+        generation,
+        now,
+    );
+    if !changed {
+        return Ok(());
+    }
+    tracing::warn!(kind = %K::kind(&()), namespace = ns, name, error = %obj.error, "cannot read a stored object; reported on it");
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    // A merge patch of the conditions alone: an apply of a partial status would drop the
+    // progress the readable object had recorded.
+    let patch = serde_json::json!({"status": {"conditions": conditions}});
+    let pp = PatchParams {
+        field_manager: Some(manager.to_string()),
+        ..Default::default()
+    };
+    api.patch_status(name, &pp, &Patch::Merge(&patch)).await?;
+    let reference = ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        name: Some(name.to_string()),
+        namespace: Some(ns.to_string()),
+        uid: meta.uid.clone(),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: REASON_INVALID_SPEC.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Read".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &reference).await {
+        tracing::warn!(error = %e, "could not publish event");
+    }
+    Ok(())
 }

@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod conditions;
 pub mod finalizer;
+pub mod lenient;
 
 /// Field manager of every write the SpreadPolicy controller makes.
 pub const SPREAD_POLICY_MANAGER: &str = "ballast.dev/spread-policy";

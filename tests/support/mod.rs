@@ -7,6 +7,8 @@
 //! plane binaries are missing it fails with the command that builds them.
 #![allow(dead_code)]
 
+pub mod faults;
+
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, Config,
