@@ -30,6 +30,10 @@ const UNIQUE_HOOK_NAMES: &str = "hook names must be unique across pre, mid and p
 /// Most hooks at one point (pre, mid or post).
 pub const MAX_HOOKS_PER_POINT: u32 = 20;
 
+/// Longest timeout or deadline, in seconds (7 days). Every integer the API accepts is bounded
+/// so that the controller can hold it (and do arithmetic on it) without overflow.
+pub const MAX_SECONDS: i32 = 604_800;
+
 /// The Deployment to drive and its hooks. At rest the Deployment is paused; a new revision
 /// (a change of its pod template) runs: pre hooks while the old pods keep serving, then the
 /// rollout with mid hooks at their progress points, then post hooks. A failed hook either rolls
@@ -151,9 +155,10 @@ pub struct RolloutStrategySpec {
     pub on_failure: OnFailure,
 
     /// Seconds each progress phase of the rollout (between hooks) may take before the revision
-    /// fails. Paused Deployments have no deadline of their own, so this one applies. Default 600.
+    /// fails, 1..604800 (7 days). Paused Deployments have no deadline of their own, so this one
+    /// applies. Default 600.
     #[serde(default = "default_progress_deadline_seconds")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub progress_deadline_seconds: i32,
 
     /// Finished hook Jobs kept per hook (older ones are deleted), 0..100. Default 3.
@@ -225,8 +230,12 @@ pub struct Hook {
     /// are updated. With the `Recreate` strategy a mid hook runs once the old pods are gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_string_schema")]
-    #[x_kube(validation = Rule::new("type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')")
-        .message("at must be a positive replica count or a percent from 1% to 100%"))]
+    #[x_kube(
+        validation = Rule::new("type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')")
+            .message("at must be a positive replica count or a percent from 1% to 100%"),
+        validation = Rule::new("type(self) != int || self <= 1000000")
+            .message("at: a replica count must be at most 1000000")
+    )]
     pub at: Option<IntOrString>,
 
     /// Run a Job built from a container of the new revision's pod template.
@@ -257,15 +266,17 @@ pub struct Hook {
     #[schemars(range(min = 0, max = 10))]
     pub retries: i32,
 
-    /// Seconds a hook Job may run (from its pod starting) before it is failed. Default 600.
+    /// Seconds a hook Job may run (from its pod starting) before it is failed, 1..604800 (7
+    /// days). Default 600.
     #[serde(default = "default_timeout_seconds")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub timeout_seconds: i32,
 
     /// Seconds a hook Job may stay unable to start (Pending, unschedulable, pulling or failing
-    /// to pull its image) before it is failed. Default 300.
+    /// to pull its image, or refused by the API server) before it is failed, 1..604800 (7
+    /// days). Default 300.
     #[serde(default = "default_pending_timeout_seconds")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub pending_timeout_seconds: i32,
 
     /// ServiceAccount the hook Job's pod runs as. Default: the namespace's `default`
@@ -514,6 +525,12 @@ pub struct RolloutStrategyStatus {
     /// runs (a `ballast.dev/retry` continues numbering after them, so no Job name repeats).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt_offset: i32,
+
+    /// UID of the Deployment this status describes. A Deployment deleted and created again
+    /// under the same name is a new object: it is adopted afresh, and nothing recorded for the
+    /// old one (its stable template, its hooks) carries over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_uid: Option<String>,
 }
 
 /// One run of a hook.

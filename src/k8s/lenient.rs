@@ -17,7 +17,8 @@ use std::borrow::Cow;
 #[derive(Clone, Debug)]
 pub enum Lenient<K> {
     Ok(K),
-    Invalid(Invalid),
+    /// Boxed: rare, and much larger than a typical `K`.
+    Invalid(Box<Invalid>),
 }
 
 /// What is kept of an object that does not decode into its type.
@@ -48,7 +49,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
         let value = serde_json::Value::deserialize(d)?;
         match K::deserialize(&value) {
             Ok(k) => Ok(Lenient::Ok(k)),
-            Err(e) => Ok(Lenient::Invalid(Invalid {
+            Err(e) => Ok(Lenient::Invalid(Box::new(Invalid {
                 metadata: value
                     .get("metadata")
                     .and_then(|m| ObjectMeta::deserialize(m).ok())
@@ -59,7 +60,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
                     .and_then(|c| Vec::<Condition>::deserialize(c).ok())
                     .unwrap_or_default(),
                 raw: value,
-            })),
+            }))),
         }
     }
 }

@@ -16,6 +16,9 @@ pub enum Error {
     Deployment(#[source] kube::Error),
     #[error("the Deployment changed while it was written; trying again")]
     Conflict,
+    /// The API server refused a write for good (a 4xx other than conflict or throttling).
+    #[error("the API server refused a write (HTTP {code}): {message}")]
+    Refused { code: u16, message: String },
     #[error("creating hook Job {job}: {source}")]
     CreateJob {
         job: String,
@@ -34,6 +37,8 @@ pub enum Error {
     Annotation(#[source] kube::Error),
     #[error("updating status: {0}")]
     Status(#[source] kube::Error),
+    #[error("reporting an unreadable strategy: {0}")]
+    ReportInvalid(#[source] kube::Error),
 }
 
 impl Error {
@@ -45,11 +50,13 @@ impl Error {
             Error::Finalizer(_) => "FinalizerUpdateFailed",
             Error::Deployment(_) => "DeploymentWriteFailed",
             Error::Conflict => "Conflict",
+            Error::Refused { .. } => "WriteRejected",
             Error::CreateJob { .. } => "JobCreateFailed",
             Error::BuildJob(_) => "JobBuildFailed",
             Error::DeleteJob { .. } => "JobDeleteFailed",
             Error::Annotation(_) => "AnnotationUpdateFailed",
             Error::Status(_) => "StatusUpdateFailed",
+            Error::ReportInvalid(_) => "ReportInvalidFailed",
         }
     }
 }

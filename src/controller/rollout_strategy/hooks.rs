@@ -22,6 +22,10 @@ pub const LABEL_POINT: &str = "ballast.dev/point";
 /// Label on hook Jobs and their pods: the attempt, from 1.
 pub const LABEL_ATTEMPT: &str = "ballast.dev/attempt";
 
+/// Annotation on hook Jobs: the UID of the Deployment they were made for, so that a Deployment
+/// deleted and created again under the same name never inherits the old one's hook runs.
+pub const ANNOTATION_TARGET_UID: &str = "ballast.dev/target-uid";
+
 /// Longest Job name: Job names become the `job-name` label of their pods.
 pub const MAX_NAME: usize = 63;
 
@@ -67,6 +71,8 @@ pub fn job_name(strategy: &str, hook: &str, revision: &str, attempt: i32) -> Str
 pub struct JobInput<'a> {
     pub strategy: &'a RolloutStrategy,
     pub deployment: &'a str,
+    /// UID of that Deployment.
+    pub deployment_uid: &'a str,
     pub hook: &'a Hook,
     pub point: HookPoint,
     pub from_revision: Option<&'a str>,
@@ -161,6 +167,9 @@ fn container_pod(
         containers: vec![container],
         volumes: (!volumes.is_empty()).then_some(volumes),
         image_pull_secrets: pod.image_pull_secrets.clone(),
+        // Without the pod-level context (runAsNonRoot, runAsUser, fsGroup, seccomp) the hook
+        // is forbidden in a PSA `restricted` namespace, and runs as root where the app doesn't.
+        security_context: pod.security_context.clone(),
         restart_policy: Some("Never".into()),
         ..Default::default()
     })
@@ -207,6 +216,9 @@ pub fn build_job(input: &JobInput) -> Result<Job, BuildError> {
     if spec.active_deadline_seconds.is_none() {
         spec.active_deadline_seconds = Some(i64::from(hook.timeout_seconds));
     }
+    // A Job deleted by its TTL before its result is read would read as JobDeleted and fail a
+    // good revision; finished hook Jobs are pruned by `hookHistoryLimit` instead.
+    spec.ttl_seconds_after_finished = None;
     let pod_meta = spec.template.metadata.get_or_insert_with(Default::default);
     pod_meta
         .labels
@@ -235,6 +247,10 @@ pub fn build_job(input: &JobInput) -> Result<Job, BuildError> {
             )),
             namespace: strategy.namespace(),
             labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                ANNOTATION_TARGET_UID.to_string(),
+                input.deployment_uid.to_string(),
+            )])),
             owner_references: Some(vec![owner]),
             ..Default::default()
         },
@@ -315,6 +331,7 @@ mod tests {
         build_job(&JobInput {
             strategy: s,
             deployment: "web",
+            deployment_uid: "dep-uid",
             hook: h,
             point: HookPoint::Pre,
             from_revision: Some("aaaaaaaaaa"),
@@ -465,6 +482,7 @@ mod tests {
         let err = build_job(&JobInput {
             strategy: &strategy("web"),
             deployment: "web",
+            deployment_uid: "dep-uid",
             hook: &h,
             point: HookPoint::Pre,
             from_revision: None,
@@ -502,6 +520,7 @@ mod tests {
         let err = build_job(&JobInput {
             strategy: &strategy("web"),
             deployment: "web",
+            deployment_uid: "dep-uid",
             hook: &h,
             point: HookPoint::Mid,
             from_revision: None,
@@ -511,5 +530,35 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(err, BuildError::NotAJob);
+    }
+
+    #[test]
+    fn a_container_hook_keeps_the_pods_security_context() {
+        let mut t = template();
+        t.spec.as_mut().unwrap().security_context = serde_json::from_value(json!({
+            "runAsNonRoot": true, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}
+        }))
+        .unwrap();
+        let h = hook("{name: migrate, container: {from: app}}");
+        let job = build(&h, &strategy("web"), &t);
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            pod.security_context,
+            t.spec.unwrap().security_context,
+            "needed to run in a PSA restricted namespace"
+        );
+    }
+
+    #[test]
+    fn a_job_hooks_ttl_is_dropped_so_its_result_is_never_lost() {
+        let h = hook(
+            "{name: smoke, job: {ttlSecondsAfterFinished: 0, template: {spec: {containers: [{name: t, image: smoke:1}]}}}}",
+        );
+        let job = build(&h, &strategy("web"), &template());
+        assert_eq!(job.spec.unwrap().ttl_seconds_after_finished, None);
+        assert_eq!(
+            job.metadata.annotations.unwrap()[ANNOTATION_TARGET_UID],
+            "dep-uid"
+        );
     }
 }

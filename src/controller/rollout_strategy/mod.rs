@@ -19,24 +19,26 @@ pub mod revision;
 pub mod status;
 pub mod write;
 
-use super::{Context, ShutdownSignal};
+use super::{Context, ShutdownSignal, backoff::Backoff};
 use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{HookPhase, RolloutStrategy};
+use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
 use error::Error;
 use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
-    Api, ResourceExt,
+    Api, Resource, ResourceExt,
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
         events::{Recorder, Reporter},
-        reflector::{ObjectRef, Store},
+        reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
-use machine::{Effect, Input};
+use machine::{Effect, Input, Rejection};
 use std::{sync::Arc, time::Duration};
 
 pub const CONTROLLER: &str = "rollout-strategy";
@@ -54,54 +56,89 @@ pub struct State {
     /// Ends waits that the shutdown would otherwise sit out.
     shutdown: ShutdownSignal,
     recorder: Recorder,
-    strategies: Store<RolloutStrategy>,
+    strategies: Store<Lenient<RolloutStrategy>>,
+    backoff: Backoff,
 }
 
-/// The oldest other strategy (by creation, then name) in the same namespace with the same
-/// target as `strategy`, if it is older: that one governs the Deployment.
-fn governed_by(store: &Store<RolloutStrategy>, strategy: &RolloutStrategy) -> Option<String> {
-    let key = |s: &RolloutStrategy| (s.creation_timestamp().map(|t| t.0), s.name_any());
+type Strategies = Store<Lenient<RolloutStrategy>>;
+
+/// What decides which of several strategies governs a Deployment: the oldest (by creation,
+/// then name).
+type Seniority = (Option<jiff::Timestamp>, String);
+
+fn seniority(meta: &kube::api::ObjectMeta) -> Seniority {
+    (
+        meta.creation_timestamp.as_ref().map(|t: &Time| t.0),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The oldest other readable strategy in `ns` targeting Deployment `target`, if it is older
+/// than the one with `mine`: that one governs the Deployment.
+fn governed_by(store: &Strategies, ns: &str, target: &str, mine: &Seniority) -> Option<String> {
     store
         .state()
         .iter()
+        .filter_map(|s| s.ok())
         .filter(|s| {
-            s.namespace() == strategy.namespace()
-                && s.name_any() != strategy.name_any()
-                && s.spec.target_ref.name == strategy.spec.target_ref.name
+            s.namespace().as_deref() == Some(ns)
+                && s.name_any() != mine.1
+                && s.spec.target_ref.name == target
         })
-        .filter(|s| key(s) < key(strategy))
-        .min_by_key(|s| key(s))
-        .map(|s| s.name_any())
+        .map(|s| seniority(s.meta()))
+        .filter(|k| k < mine)
+        .min()
+        .map(|k| k.1)
 }
 
 /// The strategies in `ns` whose target is Deployment `name`.
 fn strategies_for(
-    store: &Store<RolloutStrategy>,
+    store: &Strategies,
     ns: Option<String>,
     name: &str,
-) -> Vec<ObjectRef<RolloutStrategy>> {
+) -> Vec<ObjectRef<Lenient<RolloutStrategy>>> {
     store
         .state()
         .iter()
-        .filter(|s| s.namespace() == ns && s.spec.target_ref.name == name)
+        .filter(|s| s.namespace() == ns && s.ok().is_some_and(|s| s.spec.target_ref.name == name))
         .map(|s| ObjectRef::from_obj(s.as_ref()))
         .collect()
 }
 
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = watcher::Config::default().any_semantic();
-    let strategies = ctx.scoped_api::<RolloutStrategy>();
-    let controller = Controller::new(strategies, cfg.clone());
-    let store = controller.store();
+    let health = &ctx.health;
+    let (store, writer) = reflector::store();
+    let strategies = super::watch(
+        ctx.scoped_api::<Lenient<RolloutStrategy>>(),
+        cfg.clone(),
+        health.clone(),
+        "rollout-strategy/rolloutstrategies",
+    )
+    .reflect(writer)
+    .touched_objects();
+    let controller = Controller::for_stream(strategies, store.clone());
     let (s1, s2, s3) = (store.clone(), store.clone(), store);
-    let deployments = watcher(ctx.scoped_api::<Deployment>(), cfg.clone())
-        .default_backoff()
-        .touched_objects();
-    let hook_pods = watcher(
+    let deployments = super::watch(
+        ctx.scoped_api::<Deployment>(),
+        cfg.clone(),
+        health.clone(),
+        "rollout-strategy/deployments",
+    )
+    .touched_objects();
+    let hook_pods = super::watch(
         ctx.scoped_api::<Pod>(),
         cfg.clone().labels(hooks::LABEL_STRATEGY),
+        health.clone(),
+        "rollout-strategy/pods",
     )
-    .default_backoff()
+    .touched_objects();
+    let jobs = super::watch(
+        ctx.scoped_api::<Job>(),
+        cfg.clone().labels(hooks::LABEL_STRATEGY),
+        health.clone(),
+        "rollout-strategy/jobs",
+    )
     .touched_objects();
     let reporter = Reporter {
         controller: ROLLOUT_STRATEGY_MANAGER.into(),
@@ -112,12 +149,10 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         shutdown: shutdown.clone(),
         ctx: ctx.clone(),
         strategies: s3,
+        backoff: Backoff::default(),
     });
     controller
-        .owns(
-            ctx.scoped_api::<Job>(),
-            cfg.clone().labels(hooks::LABEL_STRATEGY),
-        )
+        .owns_stream(jobs)
         .watches_stream(deployments, move |d: Deployment| {
             strategies_for(&s1, d.namespace(), &d.name_any())
         })
@@ -141,29 +176,36 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         .await;
 }
 
-async fn reconcile(obj: Arc<RolloutStrategy>, st: Arc<State>) -> Result<Action, Error> {
+fn key(obj: &Lenient<RolloutStrategy>) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+async fn reconcile(obj: Arc<Lenient<RolloutStrategy>>, st: Arc<State>) -> Result<Action, Error> {
     let start = std::time::Instant::now();
     let result = sync(&obj, &st).await;
     st.ctx
         .metrics
         .count_reconcile(CONTROLLER, start.elapsed().as_secs_f64());
+    if result.is_ok() {
+        st.backoff.succeeded(&key(&obj));
+    }
     result
 }
 
-fn error_policy(obj: Arc<RolloutStrategy>, err: &Error, st: Arc<State>) -> Action {
+fn error_policy(obj: Arc<Lenient<RolloutStrategy>>, err: &Error, st: Arc<State>) -> Action {
     st.ctx.metrics.count_error(CONTROLLER, err.reason());
     tracing::warn!(strategy = %obj.name_any(), namespace = ?obj.namespace(), error = %err, reason = err.reason(), "reconcile failed");
     match err {
+        // Stale reads are ordinary: the newer object is already on its way.
         Error::Conflict => Action::requeue(Duration::from_millis(500)),
-        _ => Action::requeue(Duration::from_secs(5)),
+        _ => Action::requeue(st.backoff.failed(&key(&obj))),
     }
 }
 
-async fn set_finalizers(
-    api: &Api<RolloutStrategy>,
-    obj: &RolloutStrategy,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
+async fn set_finalizers<K>(api: &Api<K>, obj: &K, finalizers: Vec<String>) -> Result<(), Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     finalizer::set(api, obj, finalizers)
         .await
         .map_err(|e| match e {
@@ -172,7 +214,54 @@ async fn set_finalizers(
         })
 }
 
-async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
+/// A stored strategy this version cannot read: reported on itself, and on deletion the
+/// Deployment it names is still released, so deletion finishes and nothing stays paused.
+async fn sync_invalid(
+    obj: &Lenient<RolloutStrategy>,
+    inv: &Invalid,
+    st: &State,
+) -> Result<Action, Error> {
+    let ns = obj.namespace().unwrap_or_default();
+    let client = &st.ctx.client;
+    if obj.meta().deletion_timestamp.is_some() {
+        if !obj.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(Action::await_change());
+        }
+        if let Some(target) = inv
+            .raw
+            .pointer("/spec/targetRef/name")
+            .and_then(|v| v.as_str())
+        {
+            let original = inv
+                .raw
+                .pointer("/status/originalReplicas")
+                .and_then(|v| v.as_i64())
+                .and_then(|v| i32::try_from(v).ok());
+            release(st, &ns, target, &seniority(obj.meta()), original).await?;
+        }
+        let api: Api<Lenient<RolloutStrategy>> = Api::namespaced(client.clone(), &ns);
+        let rest = obj
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        return set_finalizers(&api, obj, rest)
+            .await
+            .map(|_| Action::await_change());
+    }
+    super::report_invalid::<Lenient<RolloutStrategy>>(
+        client,
+        &st.recorder,
+        ROLLOUT_STRATEGY_MANAGER,
+        inv,
+    )
+    .await
+    .map_err(Error::ReportInvalid)?;
+    Ok(Action::await_change())
+}
+
+async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Error> {
     // Which strategy governs a Deployment is read from the cache of all strategies.
     let ready = async {
         let _ = st.strategies.wait_until_ready().await;
@@ -184,17 +273,36 @@ async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
     let name = obj.name_any();
     let client = &st.ctx.client;
     let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns);
+    let lenient: Api<Lenient<RolloutStrategy>> = Api::namespaced(client.clone(), &ns);
     // Until a round changes nothing, look again soon.
     let mut requeue = Some(Duration::from_secs(1));
+    // A write the API server refused in this reconcile: the machine decides once more knowing
+    // it, and a refused Deployment write ends the reconcile in backoff.
+    let mut rejected: Option<Rejection> = None;
     for _ in 0..MAX_STEPS {
         // Fresh every round: the cache may not have caught up with our own status writes.
-        let Some(strategy) = api.get_opt(&name).await.map_err(Error::Read)? else {
-            return Ok(Action::await_change());
+        let strategy = match lenient.get_opt(&name).await.map_err(Error::Read)? {
+            None => return Ok(Action::await_change()),
+            Some(Lenient::Ok(s)) => s,
+            Some(l @ Lenient::Invalid(_)) => {
+                let Lenient::Invalid(inv) = &l else {
+                    unreachable!()
+                };
+                return sync_invalid(&l, inv, st).await;
+            }
         };
         let has_finalizer = strategy.finalizers().iter().any(|f| f == FINALIZER);
         if strategy.metadata.deletion_timestamp.is_some() {
             if has_finalizer {
-                release(&strategy, st).await?;
+                let original = strategy.status.as_ref().and_then(|s| s.original_replicas);
+                release(
+                    st,
+                    &ns,
+                    &strategy.spec.target_ref.name,
+                    &seniority(&strategy.metadata),
+                    original,
+                )
+                .await?;
                 let rest = strategy
                     .finalizers()
                     .iter()
@@ -231,7 +339,12 @@ async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
         .await
         .map_err(Error::Observe)?;
         let annotations = strategy.annotations();
-        let governed = governed_by(&st.strategies, &strategy);
+        let governed = governed_by(
+            &st.strategies,
+            &ns,
+            &strategy.spec.target_ref.name,
+            &seniority(&strategy.metadata),
+        );
         let decision = machine::decide(&Input {
             name: &name,
             generation: strategy.metadata.generation,
@@ -243,6 +356,8 @@ async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
             jobs: &observed.jobs,
             now: jiff::Timestamp::now(),
             governed_by: governed.as_deref(),
+            live_pods: &observed.live_pods,
+            rejected: rejected.as_ref(),
         });
         if !decision.changes(&old) {
             requeue = decision.requeue;
@@ -252,8 +367,26 @@ async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
             }
             break;
         }
+        let mut refused = None;
         for effect in &decision.effects {
-            perform(effect, &strategy, &observed, &decision, st).await?;
+            match perform(effect, &strategy, &observed, &decision, st).await {
+                Ok(()) => {}
+                // The first refusal is the machine's to record; the same one again is an error.
+                Err(Error::Refused { code, message }) if rejected.is_none() => {
+                    tracing::warn!(strategy = %name, namespace = %ns, ?effect, code, %message, "the API server refused a write");
+                    refused = Some(Rejection {
+                        effect: effect.clone(),
+                        code,
+                        message,
+                    });
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if refused.is_some() {
+            rejected = refused;
+            continue;
         }
         status::write(&api, &name, &old, &decision.status).await?;
         if old.phase != decision.status.phase {
@@ -261,8 +394,18 @@ async fn sync(obj: &RolloutStrategy, st: &State) -> Result<Action, Error> {
         }
         status::count(&st.ctx.metrics, &old, &decision);
         status::publish(&st.recorder, &strategy, &decision.events).await;
+        if rejected.is_some() {
+            break;
+        }
     }
-    Ok(Action::requeue(requeue.unwrap_or(RESYNC).min(RESYNC)))
+    match rejected {
+        // Recorded in status and an Event; the Deployment is written again after a backoff.
+        Some(r) if r.effect.writes_deployment() => Err(Error::Refused {
+            code: r.code,
+            message: r.message,
+        }),
+        _ => Ok(Action::requeue(requeue.unwrap_or(RESYNC).min(RESYNC))),
+    }
 }
 
 async fn perform(
@@ -314,6 +457,7 @@ async fn perform(
             let job = hooks::build_job(&hooks::JobInput {
                 strategy,
                 deployment: target,
+                deployment_uid: &dep.uid,
                 hook: h,
                 point: *point,
                 from_revision: decision.status.stable_revision.as_deref(),
@@ -356,15 +500,19 @@ async fn perform(
 
 /// On deletion: the Deployment gets back the replicas a Recreate mid hook set aside and is
 /// unpaused, so the operator never leaves it paused behind it.
-async fn release(strategy: &RolloutStrategy, st: &State) -> Result<(), Error> {
-    if governed_by(&st.strategies, strategy).is_some() {
+async fn release(
+    st: &State,
+    ns: &str,
+    target: &str,
+    mine: &Seniority,
+    original_replicas: Option<i32>,
+) -> Result<(), Error> {
+    if governed_by(&st.strategies, ns, target, mine).is_some() {
         // Another strategy governs the Deployment: it is not ours to release.
         return Ok(());
     }
-    let ns = strategy.namespace().unwrap_or_default();
     let client = &st.ctx.client;
-    let target = &strategy.spec.target_ref.name;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     if deployments
         .get_opt(target)
         .await
@@ -373,10 +521,10 @@ async fn release(strategy: &RolloutStrategy, st: &State) -> Result<(), Error> {
     {
         return Ok(());
     }
-    if let Some(orig) = strategy.status.as_ref().and_then(|s| s.original_replicas) {
-        write::scale(client, &ns, target, orig).await?;
+    if let Some(orig) = original_replicas {
+        write::scale(client, ns, target, orig).await?;
     }
-    write::set_paused(client, &ns, target, false).await?;
+    write::set_paused(client, ns, target, false).await?;
     st.ctx
         .metrics
         .count_write(CONTROLLER, "Deployment", "released");

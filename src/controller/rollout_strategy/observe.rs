@@ -5,7 +5,9 @@
 //! server, confined to the strategy's namespace, and reduced to the plain views the pure state
 //! machine decides on.
 
-use super::hooks::{LABEL_ATTEMPT, LABEL_HOOK, LABEL_REVISION, LABEL_STRATEGY, label_value};
+use super::hooks::{
+    ANNOTATION_TARGET_UID, LABEL_ATTEMPT, LABEL_HOOK, LABEL_REVISION, LABEL_STRATEGY, label_value,
+};
 use super::revision;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -39,6 +41,8 @@ pub struct ReplicaSetView {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeploymentView {
     pub name: String,
+    /// Tells this Deployment from an earlier one of the same name.
+    pub uid: String,
     pub resource_version: String,
     pub generation: i64,
     pub observed_generation: i64,
@@ -55,6 +59,9 @@ pub struct DeploymentView {
     pub updated_replicas: i32,
     pub ready_replicas: i32,
     pub available_replicas: i32,
+    /// The Deployment controller gave up on its rollout (`Progressing=False`,
+    /// `ProgressDeadlineExceeded`).
+    pub stalled: bool,
     pub replica_sets: Vec<ReplicaSetView>,
 }
 
@@ -125,8 +132,15 @@ impl DeploymentView {
                 }
             })
             .collect();
+        let stalled = status.conditions.iter().flatten().any(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        });
         Self {
             name: d.name_any(),
+            uid: uid.clone().unwrap_or_default(),
+            stalled,
             resource_version: d.resource_version().unwrap_or_default(),
             generation: d.metadata.generation.unwrap_or(0),
             observed_generation: status.observed_generation.unwrap_or(0),
@@ -189,6 +203,8 @@ pub enum JobState {
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobView {
     pub name: String,
+    /// UID of the Deployment the Job was made for (`None` for Jobs of older versions).
+    pub target_uid: Option<String>,
     pub hook: String,
     pub revision: String,
     pub attempt: i32,
@@ -201,6 +217,12 @@ pub struct JobView {
 impl JobView {
     pub fn finished(&self) -> bool {
         !matches!(self.state, JobState::Active)
+    }
+
+    /// Whether the Job was made for the Deployment with `uid` (Jobs that do not say are taken
+    /// to be).
+    pub fn targets(&self, uid: &str) -> bool {
+        self.target_uid.as_deref().is_none_or(|u| u == uid)
     }
 
     pub fn from_parts(job: &Job, pods: &[Pod]) -> Self {
@@ -242,6 +264,7 @@ impl JobView {
             .map(pod_view);
         Self {
             name: job.name_any(),
+            target_uid: job.annotations().get(ANNOTATION_TARGET_UID).cloned(),
             hook: labels.get(LABEL_HOOK).cloned().unwrap_or_default(),
             revision: labels.get(LABEL_REVISION).cloned().unwrap_or_default(),
             attempt: labels
@@ -304,10 +327,40 @@ fn pod_view(p: &Pod) -> PodView {
     view
 }
 
+/// A pod of a hook Job that has not terminated (a deleting one included).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HookPod {
+    pub name: String,
+    /// Its Job (which may already be deleted).
+    pub job: String,
+}
+
+impl HookPod {
+    /// `Some` for a pod of a hook Job that is not in a terminal phase.
+    pub fn live(p: &Pod) -> Option<Self> {
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return None;
+        }
+        let job = p
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "Job")
+            .map(|o| o.name.clone())
+            .or_else(|| p.labels().get("batch.kubernetes.io/job-name").cloned())
+            .unwrap_or_default();
+        Some(Self {
+            name: p.name_any(),
+            job,
+        })
+    }
+}
+
 /// What one reconcile decides on.
 pub struct Observed {
     pub deployment: Option<DeploymentView>,
     pub jobs: Vec<JobView>,
+    pub live_pods: Vec<HookPod>,
 }
 
 /// Reads the Deployment `target`, its ReplicaSets, and the Jobs and pods of `strategy` in `ns`.
@@ -364,6 +417,7 @@ pub async fn observe(
     Ok(Observed {
         deployment,
         jobs: views,
+        live_pods: pods.iter().filter_map(HookPod::live).collect(),
     })
 }
 

@@ -17,11 +17,29 @@ fn json_patch(ops: serde_json::Value) -> json_patch::Patch {
     serde_json::from_value(ops).expect("a valid JSON patch")
 }
 
+/// Whether the API server refused a write for good: a 4xx other than a conflict (409), a
+/// throttle (429) or a missing object (404, which the next observation shows). Such a write is
+/// not retried as is: the machine records the refusal.
+pub fn refused(e: &kube::Error) -> Option<(u16, String)> {
+    match e {
+        kube::Error::Api(s)
+            if (400..500).contains(&s.code) && ![404, 409, 429].contains(&s.code) =>
+        {
+            Some((s.code, s.message.clone()))
+        }
+        _ => None,
+    }
+}
+
 fn deployment_error(e: kube::Error) -> Error {
     match e {
-        // A failed `test` (422) or a conflict: the Deployment moved; decide again.
-        kube::Error::Api(s) if s.code == 409 || s.code == 422 => Error::Conflict,
-        e => Error::Deployment(e),
+        kube::Error::Api(s) if s.code == 409 => Error::Conflict,
+        // A failed `test` of our resourceVersion guard: the Deployment moved; decide again.
+        kube::Error::Api(s) if s.code == 422 && s.message.contains("test") => Error::Conflict,
+        e => match refused(&e) {
+            Some((code, message)) => Error::Refused { code, message },
+            None => Error::Deployment(e),
+        },
     }
 }
 
@@ -96,9 +114,12 @@ pub async fn create_job(client: &Client, ns: &str, job: &Job) -> Result<bool, Er
     match api.create(&pp, job).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(Error::CreateJob {
-            job: job.name_any(),
-            source: e,
+        Err(e) => Err(match refused(&e) {
+            Some((code, message)) => Error::Refused { code, message },
+            None => Error::CreateJob {
+                job: job.name_any(),
+                source: e,
+            },
         }),
     }
 }
