@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod faults;
+pub mod rollout;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{

@@ -1,0 +1,361 @@
+//! What the RolloutStrategy tests share: an [`Env`] (the cluster, a namespace and an operator
+//! for it) with the reads and waits the tests make, and the Deployment and hook YAML they apply.
+
+use super::{Cluster, Operator, TestNamespace, cluster, wait_until};
+use ballast::api::{HookPhase, RolloutPhase, RolloutStrategy, RolloutStrategyStatus};
+use jiff::Timestamp;
+use k8s_openapi::api::{
+    apps::v1::{Deployment, ReplicaSet},
+    batch::v1::Job,
+    core::v1::Event,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use std::time::Duration;
+
+pub const FAIL_LABEL: &str = "pod-container-running-failed.stage.kwok.x-k8s.io";
+
+/// Fields drop in order: the operator stops before its namespace goes.
+pub struct Env {
+    pub op: Operator,
+    pub c: Cluster,
+    pub ns: TestNamespace,
+}
+
+impl Env {
+    pub async fn new(prefix: &str) -> Self {
+        let c = cluster().await;
+        let ns = TestNamespace::new(&c, prefix).await;
+        let op = Operator::start(&c, &ns.name);
+        Self { c, ns, op }
+    }
+
+    pub fn client(&self) -> Client {
+        self.c.client.clone()
+    }
+
+    pub fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.client(), &self.ns.name)
+    }
+
+    pub fn strategies(&self) -> Api<RolloutStrategy> {
+        Api::namespaced(self.client(), &self.ns.name)
+    }
+
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client(), &self.ns.name)
+    }
+
+    pub fn apply(&self, yaml: &str) {
+        self.c.apply_yaml(&self.ns.name, yaml);
+    }
+
+    pub async fn status(&self, name: &str) -> RolloutStrategyStatus {
+        self.strategies()
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    }
+
+    /// Waits until the strategy's phase is `phase` (and its revision is `rev`, when given).
+    pub async fn wait_phase(
+        &self,
+        name: &str,
+        phase: RolloutPhase,
+        rev: Option<&str>,
+        secs: u64,
+    ) -> RolloutStrategyStatus {
+        let rev = rev.map(str::to_string);
+        self.wait_status(name, &format!("phase {phase:?}"), secs, move |s| {
+            s.phase == Some(phase)
+                && rev
+                    .as_deref()
+                    .is_none_or(|r| s.current_revision.as_deref() == Some(r))
+        })
+        .await
+    }
+
+    /// Waits until the strategy's status satisfies `pred`.
+    pub async fn wait_status(
+        &self,
+        name: &str,
+        what: &str,
+        secs: u64,
+        pred: impl Fn(&RolloutStrategyStatus) -> bool,
+    ) -> RolloutStrategyStatus {
+        let what = format!("{what} of {name}");
+        let api = self.strategies();
+        let pred = &pred;
+        let out = tokio::time::timeout(
+            Duration::from_secs(secs),
+            wait_until(&what, Duration::from_secs(secs + 5), || async {
+                let s = api.get(name).await.ok()?.status?;
+                pred(&s).then_some(s)
+            }),
+        )
+        .await;
+        match out {
+            Ok(s) => s,
+            Err(_) => panic!(
+                "timed out waiting for {what}; status: {:#?}\noperator log tail:\n{}",
+                self.status(name).await,
+                tail(&self.op.logs(), 40)
+            ),
+        }
+    }
+
+    /// Waits until a revision other than `old` has succeeded.
+    pub async fn wait_succeeded_after(
+        &self,
+        name: &str,
+        old: &str,
+        secs: u64,
+    ) -> RolloutStrategyStatus {
+        let old = old.to_string();
+        self.wait_status(name, "a new revision Succeeded", secs, move |s| {
+            s.phase == Some(RolloutPhase::Succeeded)
+                && s.stable_revision.as_deref() != Some(old.as_str())
+        })
+        .await
+    }
+
+    pub async fn deployment(&self, name: &str) -> Deployment {
+        self.deployments().get(name).await.unwrap()
+    }
+
+    pub async fn paused(&self, name: &str) -> bool {
+        self.deployment(name)
+            .await
+            .spec
+            .unwrap()
+            .paused
+            .unwrap_or(false)
+    }
+
+    pub async fn set_image(&self, name: &str, image: &str) {
+        let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": image}]}}}});
+        self.deployments()
+            .patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .unwrap();
+    }
+
+    pub async fn replica_sets(&self) -> Vec<ReplicaSet> {
+        Api::<ReplicaSet>::namespaced(self.client(), &self.ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+
+    pub async fn all_jobs(&self) -> Vec<Job> {
+        self.jobs()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+
+    pub async fn events(&self, reason: &str) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client(), &self.ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
+
+    pub async fn annotate(&self, name: &str, key: &str, value: &str) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.strategies()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A Deployment `name` of `image` whose container `app` has env, a mounted ConfigMap volume, a
+/// working dir, resources and a security context to inherit.
+pub fn deployment_yaml(
+    name: &str,
+    image: &str,
+    replicas: i32,
+    paused: bool,
+    strategy: &str,
+) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  paused: {paused}
+  replicas: {replicas}
+  strategy: {strategy}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      imagePullSecrets: [{{name: regcred}}]
+      volumes:
+        - {{name: config, configMap: {{name: {name}-config}}}}
+        - {{name: scratch, emptyDir: {{}}}}
+      containers:
+        - name: app
+          image: {image}
+          workingDir: /srv
+          env: [{{name: DB, value: pg}}, {{name: LOG_LEVEL, value: debug}}]
+          envFrom: [{{configMapRef: {{name: {name}-env}}}}]
+          volumeMounts: [{{name: config, mountPath: /etc/app}}]
+          resources: {{requests: {{cpu: 10m}}}}
+          securityContext: {{runAsNonRoot: true}}
+"#
+    )
+}
+
+pub const ROLLING: &str = "{type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}";
+
+pub fn ts(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Timestamp {
+    t.as_ref().expect("a timestamp").0
+}
+
+pub fn rs_of_image<'a>(rss: &'a [ReplicaSet], image: &str) -> Option<&'a ReplicaSet> {
+    rss.iter().find(|r| {
+        r.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .as_ref()
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .image
+            .as_deref()
+            == Some(image)
+    })
+}
+
+pub fn job_of<'a>(jobs: &'a [Job], hook: &str) -> Vec<&'a Job> {
+    jobs.iter()
+        .filter(|j| j.labels().get("ballast.dev/hook").map(String::as_str) == Some(hook))
+        .collect()
+}
+
+pub async fn wait_available(env: &Env, name: &str, n: i32) {
+    let api = env.deployments();
+    wait_until(
+        "the Deployment available",
+        Duration::from_secs(30),
+        || async {
+            let d = api.get(name).await.ok()?;
+            let s = d.status?;
+            (s.available_replicas == Some(n) && s.updated_replicas == Some(n)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A `job:` hook whose pod runs for `delay` (kwok completes it then; its jitter-delay is the
+/// upper bound of the delay, so it is set to the same value), or fails when `fail`.
+pub fn job_hook(image: &str, delay: &str, fail: bool) -> String {
+    let labels = if fail {
+        format!("{{{FAIL_LABEL}: \"true\"}}")
+    } else {
+        "{team: qa}".to_string()
+    };
+    format!(
+        r#"{{backoffLimit: 0, template: {{metadata: {{labels: {labels}, annotations: {{pod-complete.stage.kwok.x-k8s.io/delay: "{delay}", pod-complete.stage.kwok.x-k8s.io/jitter-delay: "{delay}"}}}}, spec: {{restartPolicy: Never, containers: [{{name: t, image: "{image}"}}]}}}}}}"#
+    )
+}
+
+/// Adopts Deployment `web` (image web:1, `replicas`) under a strategy with `hooks` (YAML lines
+/// of the spec) and returns the stable revision.
+pub async fn adopt(env: &Env, replicas: i32, hooks: &str) -> String {
+    env.apply(&deployment_yaml("web", "web:1", replicas, false, ROLLING));
+    wait_available(env, "web", replicas).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n{hooks}"
+    ));
+    env.wait_phase("web", RolloutPhase::Idle, None, 30)
+        .await
+        .stable_revision
+        .unwrap()
+}
+
+pub async fn pod_uids(env: &Env) -> Vec<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client(), &env.ns.name);
+    let mut uids: Vec<String> = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    uids.sort();
+    uids
+}
+
+pub fn image_of(d: &Deployment) -> String {
+    d.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+pub fn running(s: &RolloutStrategyStatus, hook: &str) -> bool {
+    s.hooks
+        .iter()
+        .any(|h| h.name == hook && h.phase == HookPhase::Running)
+}
+
+impl Env {
+    /// SIGKILLs the operator and starts a new one (on a fresh Lease, so it need not wait for
+    /// the dead one's to expire).
+    pub fn restart(&mut self, n: usize) {
+        self.op.kill();
+        self.op = Operator::start_with(
+            &self.c,
+            &self.ns.name,
+            &format!("ballast-{}-{n}", self.ns.name),
+            &[],
+        );
+    }
+
+    pub fn kill(&mut self) {
+        self.op.kill();
+    }
+
+    pub async fn wait_job_complete(&self, hook: &str) {
+        let api = self.jobs();
+        wait_until("the hook Job complete", Duration::from_secs(30), || async {
+            let jobs = api.list(&ListParams::default()).await.ok()?.items;
+            job_of(&jobs, hook)
+                .iter()
+                .any(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(1))
+                .then_some(())
+        })
+        .await;
+    }
+}
