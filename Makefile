@@ -62,5 +62,6 @@ deploy: ## Install CRDs, RBAC and the manager (kubectl apply -k config/default)
 	kubectl apply --server-side -k config/default
 
 .PHONY: undeploy
-undeploy: ## Remove what deploy installed
+undeploy: ## Remove what deploy installed: the CRs first (the running manager releases their workloads), then the rest
+	kubectl delete rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev --all --all-namespaces --ignore-not-found --wait --timeout=180s
 	kubectl delete -k config/default --ignore-not-found

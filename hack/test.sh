@@ -21,4 +21,9 @@ hack/cluster-up.sh
 export KUBECONFIG="$STATE/kubeconfig"
 # Tests that need the cluster fail (never skip) when it cannot be started.
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
+rm -rf target/fault-results
 cargo test --lib --bins --tests -- "$@"
+# The fault-injection scenarios (tests/faults.rs) each wrote a row; print the table.
+if [ $# -eq 0 ]; then
+  hack/fault-table.sh
+fi

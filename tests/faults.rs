@@ -1,0 +1,627 @@
+//! The fault-injection suite, RolloutStrategy side: the real operator against the local control
+//! plane, with faults from the cluster itself (unreadable objects, refused writes, replaced
+//! targets, lost status, slow pod deletion). Each scenario records its row of the fault table
+//! (`target/fault-results/`, printed by `hack/fault-table.sh`) before it asserts, so a failing
+//! scenario shows in the table too. See docs/reliability.md.
+
+mod support;
+
+use ballast::api::{HookPhase, RolloutPhase};
+use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use support::faults::{Row, record};
+use support::rollout::*;
+use support::wait_until;
+
+fn strategy(hooks: &str) -> String {
+    format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n{hooks}"
+    )
+}
+
+/// Records the row, then fails with what went wrong (if anything did).
+fn verdict(id: &str, fault: &str, checked: &str, failures: &[String]) {
+    record(&Row {
+        id,
+        fault,
+        runs: 1,
+        passed: u32::from(failures.is_empty()),
+        checked,
+    });
+    assert!(failures.is_empty(), "{id}: {failures:#?}");
+}
+
+fn check(failures: &mut Vec<String>, ok: bool, what: impl Into<String>) {
+    if !ok {
+        failures.push(what.into());
+    }
+}
+
+/// The CRD of RolloutStrategy as `crds/` has it, less the rule that bounds `at`, so that the
+/// API server stores an `at` no controller can hold (as a CRD from before the bound would).
+fn unbounded_crd() -> String {
+    let text = std::fs::read_to_string(
+        support::repo_root().join("crds/ballast.dev_rolloutstrategies.yaml"),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let mut skip = 0;
+    for line in text.lines() {
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        if line.trim_start() == "- message: 'at: a replica count must be at most 1000000'" {
+            skip = 1; // its `rule:` line
+            continue;
+        }
+        out.push(line);
+    }
+    let removed = text.lines().count() - out.len();
+    assert!(
+        removed >= 2 && removed.is_multiple_of(2),
+        "the bound rule is in crds/"
+    );
+    out.join("\n")
+}
+
+#[tokio::test]
+async fn f7_a_poison_strategy_does_not_stop_the_others() {
+    let mut env = Env::new("f7-poison").await;
+    let stable = adopt(
+        &env,
+        2,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "2s", false)
+        ),
+    )
+    .await;
+    // A strategy the controller cannot read, stored while the CRD lacked the bound.
+    let crds = "crd/rolloutstrategies.ballast.dev";
+    env.c.kubectl_stdin(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        Some(&unbounded_crd()),
+    );
+    env.c
+        .kubectl_ok(&["wait", "--for=condition=Established", crds]);
+    let poison = "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {name: poison}\nspec:\n  targetRef: {name: other}\n  mid: [{name: gate, at: 2147483648, approval: {}}]\n";
+    wait_until("the poison stored", Duration::from_secs(30), || async {
+        let out = env
+            .c
+            .kubectl_stdin(&["apply", "-n", &env.ns.name, "-f", "-"], Some(poison));
+        out.status.success().then_some(())
+    })
+    .await;
+    env.c.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "crds/ballast.dev_rolloutstrategies.yaml",
+    ]);
+    env.restart(1);
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let poisoned = wait_until(
+        "InvalidSpec on the poison",
+        Duration::from_secs(30),
+        || async {
+            let out = env.c.kubectl(&[
+                "get",
+                "rolloutstrategy",
+                "poison",
+                "-n",
+                &env.ns.name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].reason}",
+            ]);
+            let reason = String::from_utf8_lossy(&out.stdout).to_string();
+            (reason == "InvalidSpec").then_some(reason)
+        },
+    )
+    .await;
+    let warned = !env.events("InvalidSpec").await.is_empty();
+    let mut failures = vec![];
+    check(
+        &mut failures,
+        s.hooks.len() == 1 && s.hooks[0].phase == HookPhase::Succeeded,
+        format!("the healthy strategy's hooks: {:?}", s.hooks),
+    );
+    check(
+        &mut failures,
+        poisoned == "InvalidSpec",
+        "InvalidSpec condition",
+    );
+    check(&mut failures, warned, "a Warning Event InvalidSpec");
+    // Deleting the unreadable object finishes.
+    env.c.kubectl_ok(&[
+        "delete",
+        "rolloutstrategy",
+        "poison",
+        "-n",
+        &env.ns.name,
+        "--timeout=60s",
+    ]);
+    verdict(
+        "F7",
+        "a strategy that cannot be decoded (at: 2147483648), then a restart",
+        "the other strategy's rollout runs its hook once and succeeds; the poison shows Ready=False InvalidSpec and a Warning Event; deleting it finishes",
+        &failures,
+    );
+}
+
+#[tokio::test]
+async fn f8_a_hook_job_the_api_server_refuses_ends_the_revision_in_time() {
+    let env = Env::new("f8-refused").await;
+    let stable = adopt(
+        &env,
+        2,
+        "  pre: [{name: migrate, pendingTimeoutSeconds: 30, job: {template: {spec: {restartPolicy: Never, containers: [{name: t}]}}}}]\n",
+    )
+    .await;
+    let start = Instant::now();
+    env.set_image("web", "web:2").await;
+    let s = env
+        .wait_status("web", "a terminal phase", 60, |s| {
+            matches!(
+                s.phase,
+                Some(RolloutPhase::RolledBack | RolloutPhase::Failed)
+            )
+        })
+        .await;
+    let took = start.elapsed();
+    let hook = &s.hooks[0];
+    let first_revision = hook.revision.clone();
+    let mut failures = vec![];
+    check(
+        &mut failures,
+        took < Duration::from_secs(60),
+        format!("terminal after {took:?}"),
+    );
+    check(
+        &mut failures,
+        hook.reason.as_deref() == Some("JobRejected")
+            && hook.message.as_deref().is_some_and(|m| m.contains("image")),
+        format!("the API server's message in status: {hook:?}"),
+    );
+    check(
+        &mut failures,
+        !env.events("HookFailed").await.is_empty(),
+        "a HookFailed Warning Event",
+    );
+    let d = env.deployment("web").await;
+    check(
+        &mut failures,
+        image_of(&d) == "web:1" && s.stable_revision.as_deref() == Some(stable.as_str()),
+        "rolled back to the stable template",
+    );
+
+    // The same with a Job quota of 0: the refusal is a 403.
+    env.apply("apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: no-jobs}\nspec: {hard: {count/jobs.batch: \"0\"}}\n");
+    env.apply(&strategy(
+        "  pre: [{name: migrate, pendingTimeoutSeconds: 30, container: {from: app}}]\n",
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.set_image("web", "web:3").await;
+    let s = env
+        .wait_status("web", "a terminal phase for web:3", 60, |s| {
+            matches!(
+                s.phase,
+                Some(RolloutPhase::RolledBack | RolloutPhase::Failed)
+            ) && s
+                .hooks
+                .iter()
+                .any(|h| h.reason.as_deref() == Some("JobRejected") && h.revision != first_revision)
+        })
+        .await;
+    check(
+        &mut failures,
+        s.hooks[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("quota")),
+        format!("quota message in status: {:?}", s.hooks[0]),
+    );
+    verdict(
+        "F8",
+        "a hook Job refused by the API server (no image: 422; Job quota 0: 403)",
+        "terminal phase within pendingTimeoutSeconds + 30 s, reason JobRejected with the API server's message, a Warning Event, rolled back",
+        &failures,
+    );
+}
+
+#[tokio::test]
+async fn f9_a_deployment_created_again_under_the_same_name_is_adopted_afresh() {
+    let env = Env::new("f9-replaced").await;
+    let mut failures = vec![];
+    // During Idle.
+    adopt(
+        &env,
+        2,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "2s", false)
+        ),
+    )
+    .await;
+    let old_uid = env.deployment("web").await.uid();
+    env.deployments()
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let api = env.deployments();
+    wait_until("the Deployment gone", Duration::from_secs(30), || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    env.apply(&deployment_yaml("web", "web:5", 2, false, ROLLING));
+    let new_uid = env.deployment("web").await.uid();
+    let s = env
+        .wait_status("web", "adopted afresh", 60, |s| {
+            s.target_uid == new_uid
+                && s.phase == Some(RolloutPhase::Idle)
+                && s.stable_revision.is_some()
+        })
+        .await;
+    let tmpl = serde_json::to_string(&s.stable_template).unwrap();
+    check(&mut failures, old_uid != new_uid, "a new object");
+    check(
+        &mut failures,
+        tmpl.contains("web:5") && !tmpl.contains("web:1"),
+        format!("the stable template is the new one's: {tmpl}"),
+    );
+    check(
+        &mut failures,
+        image_of(&env.deployment("web").await) == "web:5",
+        "the old template never reappears (Idle)",
+    );
+
+    // During PreHook: the old revision's running hook is stopped, the new object starts over.
+    env.apply(&strategy(&format!(
+        "  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "20s", false)
+    )));
+    env.set_image("web", "web:6").await;
+    env.wait_status("web", "migrate running", 40, |s| {
+        s.phase == Some(RolloutPhase::PreHook) && s.hooks.iter().any(|h| h.job_name.is_some())
+    })
+    .await;
+    env.deployments()
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait_until("the Deployment gone", Duration::from_secs(30), || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    env.apply(&deployment_yaml("web", "web:7", 2, true, ROLLING));
+    let uid7 = env.deployment("web").await.uid();
+    let s = env
+        .wait_status("web", "web:7 rolled out", 120, |s| {
+            s.target_uid == uid7 && s.phase == Some(RolloutPhase::Succeeded)
+        })
+        .await;
+    let d = env.deployment("web").await;
+    check(
+        &mut failures,
+        image_of(&d) == "web:7",
+        format!(
+            "the old template never reappears (PreHook): {}",
+            image_of(&d)
+        ),
+    );
+    let rss: Vec<ReplicaSet> = env.replica_sets().await;
+    check(
+        &mut failures,
+        rss.iter()
+            .all(|r| rs_of_image(std::slice::from_ref(r), "web:7").is_some()),
+        "the new Deployment only ever had web:7 pods",
+    );
+    check(
+        &mut failures,
+        s.hooks.len() == 1 && s.hooks[0].phase == HookPhase::Succeeded,
+        format!("the new object's pre hook ran: {:?}", s.hooks),
+    );
+    verdict(
+        "F9",
+        "Deployment deleted and created again with the same name during Idle and PreHook",
+        "status tied to the new UID; stable template is the new object's; the old template never reappears; the new one's pre hook runs before its first pods",
+        &failures,
+    );
+}
+
+#[tokio::test]
+async fn f11_a_strategy_created_during_a_rollout_lets_it_complete() {
+    let env = Env::new("f11-midway").await;
+    let mut yaml = deployment_yaml("web", "web:1", 4, false, ROLLING);
+    yaml = yaml.replace("  replicas: 4\n", "  replicas: 4\n  minReadySeconds: 4\n");
+    env.apply(&yaml);
+    wait_until("web available", Duration::from_secs(60), || async {
+        let s = env.deployment("web").await.status?;
+        (s.available_replicas == Some(4) && s.updated_replicas == Some(4)).then_some(())
+    })
+    .await;
+    env.set_image("web", "web:2").await;
+    env.apply(&strategy(&format!(
+        "  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "2s", false)
+    )));
+    let mut failures = vec![];
+    let s = env
+        .wait_status("web", "waiting for the rollout", 30, |s| {
+            s.message
+                .as_deref()
+                .is_some_and(|m| m.contains("to complete"))
+                || s.stable_revision.is_some()
+        })
+        .await;
+    check(
+        &mut failures,
+        s.stable_revision.is_none(),
+        "it waited instead of adopting a half-done rollout",
+    );
+    let mut paused_mid = false;
+    let s = loop {
+        let d = env.deployment("web").await;
+        let st = d.status.clone().unwrap_or_default();
+        let done = st.updated_replicas == Some(4)
+            && st.replicas == Some(4)
+            && st.available_replicas == Some(4);
+        if d.spec.as_ref().unwrap().paused == Some(true) && !done {
+            paused_mid = true;
+        }
+        let s = env.status("web").await;
+        if s.stable_revision.is_some() {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    check(
+        &mut failures,
+        !paused_mid,
+        "never paused before the rollout completed",
+    );
+    let rss = env.replica_sets().await;
+    let serving: Vec<_> = rss
+        .iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.replicas > 0))
+        .collect();
+    check(
+        &mut failures,
+        serving.len() == 1 && image_of(&env.deployment("web").await) == "web:2",
+        format!(
+            "one ReplicaSet serves, of web:2 ({} serving)",
+            serving.len()
+        ),
+    );
+    check(
+        &mut failures,
+        env.all_jobs().await.is_empty() && s.phase == Some(RolloutPhase::Idle),
+        "adopted without hooks, then governs",
+    );
+    // Then it governs: the next image change runs the hook.
+    env.set_image("web", "web:3").await;
+    let s = env
+        .wait_succeeded_after("web", s.stable_revision.as_deref().unwrap(), 90)
+        .await;
+    check(
+        &mut failures,
+        s.hooks.len() == 1,
+        "the next revision ran its hook",
+    );
+    verdict(
+        "F11",
+        "a strategy created while its Deployment rolls out",
+        "not paused before the rollout completes; one ReplicaSet serves; then adopted and the next revision runs its hooks",
+        &failures,
+    );
+}
+
+#[tokio::test]
+async fn f12_a_retry_waits_for_the_previous_attempts_pod_to_go() {
+    let env = Env::new("f12-slow-delete").await;
+    // A pod that runs for 10 minutes and, once deleted, lingers until the test lets it go.
+    let hold = "ballast.dev/test-hold";
+    let job = format!(
+        r#"{{backoffLimit: 0, template: {{metadata: {{finalizers: ["{hold}"], annotations: {{pod-complete.stage.kwok.x-k8s.io/delay: "600s", pod-complete.stage.kwok.x-k8s.io/jitter-delay: "600s"}}}}, spec: {{restartPolicy: Never, containers: [{{name: t, image: "m:1"}}]}}}}}}"#
+    );
+    adopt(
+        &env,
+        1,
+        &format!("  pre: [{{name: migrate, timeoutSeconds: 5, pendingTimeoutSeconds: 60, failurePolicy: Retry, retries: 1, job: {job}}}]\n"),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns.name);
+    let lp = ListParams::default().labels("ballast.dev/hook=migrate");
+    // Attempt 1 times out; its Job is deleted; its pod lingers.
+    wait_until(
+        "attempt 1's pod terminating",
+        Duration::from_secs(60),
+        || async {
+            let ps = pods.list(&lp).await.ok()?.items;
+            ps.iter()
+                .any(|p| p.metadata.deletion_timestamp.is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    let mut most_running = 0;
+    let mut attempt2_before_gone = false;
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        let ps = pods.list(&lp).await.unwrap().items;
+        let live = ps
+            .iter()
+            .filter(|p| {
+                !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+            .count();
+        most_running = most_running.max(live);
+        attempt2_before_gone |= ps
+            .iter()
+            .any(|p| p.labels().get("ballast.dev/attempt").map(String::as_str) == Some("2"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let the old pod go: attempt 2 starts.
+    for p in pods.list(&lp).await.unwrap().items {
+        let _ = pods
+            .patch(
+                &p.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+    let s = env
+        .wait_status("web", "attempt 2 started", 60, |s| {
+            s.hooks
+                .iter()
+                .any(|h| h.attempt == 2 && h.job_name.is_some())
+        })
+        .await;
+    let mut failures = vec![];
+    check(
+        &mut failures,
+        !attempt2_before_gone,
+        "no pod of attempt 2 while attempt 1's pod was still there",
+    );
+    check(
+        &mut failures,
+        most_running <= 1,
+        format!("at most one live hook pod ({most_running})"),
+    );
+    check(&mut failures, s.hooks[0].attempt == 2, "attempt 2 followed");
+    // Clean up the held pods so the namespace can go.
+    for p in pods.list(&lp).await.unwrap().items {
+        let _ = pods
+            .patch(
+                &p.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+    }
+    verdict(
+        "F12",
+        "Retry after a timeout while the timed-out pod is slow to delete",
+        "no pod of attempt N+1 while attempt N's pod exists; never two live pods of the hook; attempt N+1 starts once it is gone",
+        &failures,
+    );
+}
+
+#[tokio::test]
+async fn f15_a_cleared_status_and_a_zero_ttl_lose_nothing() {
+    let env = Env::new("f15-status").await;
+    let stable = adopt(
+        &env,
+        2,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n  post: [{{name: purge, job: {}}}]\n",
+            job_hook("m:1", "12s", false),
+            job_hook("p:1", "1s", false).replacen(
+                "{backoffLimit: 0,",
+                "{backoffLimit: 0, ttlSecondsAfterFinished: 0,",
+                1
+            )
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    env.wait_status("web", "migrate running", 40, |s| {
+        s.hooks
+            .iter()
+            .any(|h| h.name == "migrate" && h.phase == HookPhase::Running)
+    })
+    .await;
+    // Someone clears the status subresource while the hook runs.
+    env.strategies()
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": null})),
+        )
+        .await
+        .unwrap();
+    let s = env.wait_succeeded_after("web", &stable, 120).await;
+    let jobs = env.all_jobs().await;
+    let migrate = jobs
+        .iter()
+        .filter(|j| j.labels().get("ballast.dev/hook").map(String::as_str) == Some("migrate"))
+        .count();
+    let mut failures = vec![];
+    check(
+        &mut failures,
+        migrate == 1,
+        format!("one migrate Job ({migrate})"),
+    );
+    check(
+        &mut failures,
+        s.hooks
+            .iter()
+            .all(|h| h.phase == HookPhase::Succeeded && h.attempt == 1),
+        format!("every hook succeeded at attempt 1: {:?}", s.hooks),
+    );
+    check(
+        &mut failures,
+        env.events("HookFailed").await.is_empty(),
+        "no failure recorded (the TTL 0 post hook succeeded)",
+    );
+    check(
+        &mut failures,
+        image_of(&env.deployment("web").await) == "web:2",
+        "rolled out",
+    );
+    verdict(
+        "F15",
+        "status subresource cleared mid-hook; a job hook with ttlSecondsAfterFinished: 0",
+        "the running hook is adopted (one Job, attempt 1), the rollout completes; the TTL-0 hook's success is recorded as a success",
+        &failures,
+    );
+}
+
+#[tokio::test]
+async fn container_hooks_run_in_a_restricted_namespace() {
+    let env = Env::new("psa-restricted").await;
+    env.c.kubectl_ok(&[
+        "label",
+        "namespace",
+        &env.ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
+    let mut yaml = deployment_yaml("web", "web:1", 1, false, ROLLING);
+    yaml = yaml.replace(
+        "      imagePullSecrets: [{name: regcred}]\n",
+        "      imagePullSecrets: [{name: regcred}]\n      securityContext: {runAsNonRoot: true, runAsUser: 1000, seccompProfile: {type: RuntimeDefault}}\n",
+    );
+    yaml = yaml.replace(
+        "          securityContext: {runAsNonRoot: true}\n",
+        "          securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}\n",
+    );
+    env.apply(&yaml);
+    wait_until("web available", Duration::from_secs(60), || async {
+        let s = env.deployment("web").await.status?;
+        (s.available_replicas == Some(1)).then_some(())
+    })
+    .await;
+    env.apply(&strategy(
+        "  pre: [{name: migrate, container: {from: app, command: [migrate]}}]\n",
+    ));
+    let stable = env
+        .wait_phase("web", RolloutPhase::Idle, None, 30)
+        .await
+        .stable_revision
+        .unwrap();
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    assert_eq!(s.hooks[0].phase, HookPhase::Succeeded, "{:?}", s.hooks);
+}
