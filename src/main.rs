@@ -34,6 +34,9 @@ struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "BALLAST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or the Pod's ServiceAccount).
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
     /// Log format.
     #[arg(long, env = "BALLAST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: telemetry::LogFormat,
@@ -110,9 +113,17 @@ async fn main() -> anyhow::Result<()> {
     };
     let server = tokio::spawn(http::serve(listener, http_state, shutdown.clone()));
 
-    let config = kube::Config::infer()
-        .await
-        .context("loading the Kubernetes client configuration")?;
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(anyhow::Error::from)
+        }
+        None => kube::Config::infer().await.map_err(anyhow::Error::from),
+    }
+    .context("loading the Kubernetes client configuration")?;
     let client = ballast::client::build(
         config,
         &metrics,
