@@ -712,3 +712,200 @@ async fn kube_lease_manager_keeps_leading_while_cut_off_from_the_api_server() {
         "kube-lease-manager now steps down when cut off: src/leader.rs can switch to it"
     );
 }
+
+/// Granted to the manager for a feature the flows below do not reach, each with that feature.
+/// A rule here must still be granted; a rule granted and neither used nor listed here fails.
+const REQUIRED_BY_FEATURE: &[(&str, &str, &str, &str)] = &[(
+    "events.k8s.io",
+    "events",
+    "patch",
+    "kube-runtime's Recorder sends an Event repeated within its cache time as a series: a patch of the first",
+)];
+
+/// (group, resource, verb) of every rule in an RBAC YAML file of `config/rbac`.
+fn granted_in(file: &str) -> std::collections::BTreeSet<(String, String, String)> {
+    let text = std::fs::read_to_string(support::repo_root().join("config/rbac").join(file))
+        .expect("reading an RBAC file");
+    let doc: serde_json::Value = serde_yaml::from_str(&text).expect("RBAC YAML");
+    let mut out = std::collections::BTreeSet::new();
+    for rule in doc["rules"].as_array().expect("rules") {
+        let strings = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .unwrap_or(&Vec::new())
+                .iter()
+                .map(|v| v.as_str().expect("a string").to_string())
+                .collect()
+        };
+        assert!(
+            rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(),
+            "{file}: a rule this test cannot check: {rule}"
+        );
+        for g in strings("apiGroups") {
+            for r in strings("resources") {
+                for v in strings("verbs") {
+                    assert!(
+                        !g.contains('*') && !r.contains('*') && !v.contains('*'),
+                        "{file}: wildcard in {rule}"
+                    );
+                    out.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (group, resource, verb, code) of each request `ballast_api_requests_total` counted.
+fn requests_in(metrics: &str) -> Vec<(String, String, String, String)> {
+    let label = |line: &str, key: &str| -> String {
+        let start = line
+            .find(&format!("{key}=\""))
+            .unwrap_or_else(|| panic!("{key} in {line}"))
+            + key.len()
+            + 2;
+        line[start..][..line[start..].find('"').unwrap()].to_string()
+    };
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("ballast_api_requests_total{"))
+        .map(|l| {
+            (
+                label(l, "group"),
+                label(l, "resource"),
+                label(l, "verb"),
+                label(l, "code"),
+            )
+        })
+        .collect()
+}
+
+/// Runs the real manager, under the ServiceAccount and RBAC of `config/`, through both
+/// controllers' flows (a SpreadPolicy writing to a Deployment and a StatefulSet and removed; a
+/// RolloutStrategy whose failing, ignored pre hook runs over two revisions, is pruned, and which
+/// is deleted), then compares every request it made with what its ClusterRole and leader
+/// election Role grant.
+#[tokio::test]
+async fn every_permission_the_manager_is_granted_is_used() {
+    use support::rollout::{Env, adopt, job_hook};
+    let env = Env::new("rbac").await;
+    let ns = env.ns.name.clone();
+
+    // SpreadPolicy: terms into a Deployment and a StatefulSet, then the policy is removed.
+    env.apply(
+        r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, labels: {tier: db}}
+spec:
+  replicas: 1
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: db, image: registry.example/db:1}]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api, labels: {tier: db}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec: {containers: [{name: api, image: registry.example/api:1}]}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: SpreadPolicy
+metadata: {name: db-zones}
+spec:
+  selector: {matchLabels: {tier: db}}
+  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Preferred}]
+"#,
+    );
+    wait_until(
+        "the policy applied to both workloads",
+        Duration::from_secs(60),
+        || async {
+            let out = env.c.kubectl(&[
+                "get",
+                "spol",
+                "db-zones",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.status.applied}",
+            ]);
+            (String::from_utf8_lossy(&out.stdout).trim() == "2").then_some(())
+        },
+    )
+    .await;
+    env.c
+        .kubectl_ok(&["delete", "spol", "db-zones", "-n", &ns, "--timeout=60s"]);
+
+    // RolloutStrategy: a failing pre hook (its log is read), ignored, over two revisions, so
+    // that the first revision's Job is pruned; then the strategy is deleted.
+    let stable = adopt(
+        &env,
+        1,
+        &format!(
+            "  hookHistoryLimit: 1\n  pre: [{{name: migrate, failurePolicy: Ignore, job: {}}}]\n",
+            job_hook("m:1", "1s", true)
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let second = s.current_revision.clone().unwrap();
+    env.set_image("web", "web:3").await;
+    env.wait_succeeded_after("web", &second, 90).await;
+    let jobs = env.jobs();
+    wait_until(
+        "the first revision's Job pruned",
+        Duration::from_secs(30),
+        || async {
+            let n = jobs.list(&Default::default()).await.ok()?.items.len();
+            (n == 1).then_some(())
+        },
+    )
+    .await;
+    env.c
+        .kubectl_ok(&["delete", "rost", "web", "-n", &ns, "--timeout=60s"]);
+
+    let (_, metrics) = env.op.http_get("/metrics").await.expect("/metrics answers");
+    let requests = requests_in(&metrics);
+    let forbidden: Vec<_> = requests.iter().filter(|r| r.3 == "403").collect();
+    assert!(forbidden.is_empty(), "refused by RBAC: {forbidden:?}");
+    let used: std::collections::BTreeSet<(String, String, String)> = requests
+        .iter()
+        .filter(|(_, resource, ..)| !resource.starts_with('/'))
+        .map(|(g, r, v, _)| (g.clone(), r.clone(), v.clone()))
+        .collect();
+    let mut granted = granted_in("role.yaml");
+    granted.extend(granted_in("leader_election_role.yaml"));
+
+    let named: std::collections::BTreeSet<(String, String, String)> = REQUIRED_BY_FEATURE
+        .iter()
+        .map(|(g, r, v, _)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect();
+    let stale: Vec<_> = named.difference(&granted).collect();
+    assert!(
+        stale.is_empty(),
+        "REQUIRED_BY_FEATURE names rules that are not granted: {stale:?}"
+    );
+    let unused: Vec<_> = granted
+        .iter()
+        .filter(|g| !used.contains(*g) && !named.contains(*g))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "granted, but nothing the manager did used it, and no feature in REQUIRED_BY_FEATURE \
+         needs it: {unused:?}\nused: {used:?}"
+    );
+    let ungranted: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        ungranted.is_empty(),
+        "used, but not granted by config/rbac (allowed by some other binding): {ungranted:?}"
+    );
+    eprintln!("every granted permission was used or is named: used {used:?}");
+}
