@@ -1,17 +1,28 @@
-//! The ballast manager: wires telemetry, the Kubernetes client, leader
-//! election, both controllers and the HTTP endpoints together, and shuts
-//! down gracefully on SIGTERM (finishing in-flight reconciles and releasing
-//! the leader Lease).
+//! The ballast manager: wires telemetry, the Kubernetes client, leader election, both
+//! controllers and the HTTP endpoints together, and decides how the process ends:
+//!
+//! - SIGTERM: stop taking work, let in-flight reconciles finish (within
+//!   [`controller::DRAIN`]), release the leader Lease, exit 0.
+//! - Lost leadership: exit 1 at once. Another replica may already act, so nothing more is
+//!   done, not even the drain; a step cut short is a crash, which both controllers resume from.
+//! - A controller that stops, or a watch failing for longer than `--watch-stale-seconds`:
+//!   `/healthz` fails (kubelet restarts the pod), and a quarter of that limit later the manager
+//!   shuts down as on SIGTERM and exits 1, so that nothing runs wedged where no probe watches.
 #![forbid(unsafe_code)]
 
 use anyhow::Context as _;
-use ballast::{controller, http, leader, metrics::Metrics, telemetry};
+use ballast::{
+    controller::{self, ShutdownSignal, rollout_strategy, spread_policy},
+    health::{self, Health},
+    http, leader,
+    metrics::Metrics,
+    telemetry,
+};
 use clap::Parser;
-use futures::FutureExt;
 use std::{
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -23,6 +34,9 @@ struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "BALLAST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or the Pod's ServiceAccount).
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
     /// Log format.
     #[arg(long, env = "BALLAST_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: telemetry::LogFormat,
@@ -42,9 +56,17 @@ struct Args {
     /// Identity in the leader election (default: hostname and PID).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// Seconds a leader Lease lasts without renewal.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds a leader Lease lasts without renewal. The leader steps down after two thirds
+    /// of it without a successful renewal.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=3600))]
     lease_duration_seconds: u64,
+    /// Limit, in seconds, of one request to the API server that is not a watch.
+    #[arg(long, default_value_t = ballast::client::REQUEST_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    api_timeout_seconds: u64,
+    /// Seconds a watch may keep failing before /healthz fails; the manager exits a quarter
+    /// of that later.
+    #[arg(long, default_value_t = health::STALE_AFTER.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    watch_stale_seconds: u64,
 }
 
 #[tokio::main]
@@ -53,9 +75,30 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init(args.log_format);
 
     let metrics = Metrics::default();
-    let health = ballast::health::Health::default();
+    let health = Health::default();
+    let stale_after = Duration::from_secs(args.watch_stale_seconds);
     let ready = Arc::new(AtomicBool::new(false));
+    let failure: Arc<OnceLock<String>> = Arc::default();
+    let (fail_tx, fail_rx) = tokio::sync::watch::channel(());
+    let fail = {
+        let failure = failure.clone();
+        move |reason: String| {
+            tracing::error!(%reason, "the manager cannot go on; shutting down");
+            let _ = failure.set(reason);
+            fail_tx.send_replace(());
+        }
+    };
     let stop = controller::shutdown_signal(termination());
+    // Everything stops on SIGTERM or on a failure.
+    let shutdown = controller::shutdown_signal({
+        let (stop, failure, mut fail_rx) = (stop.clone(), failure.clone(), fail_rx);
+        async move {
+            tokio::select! {
+                _ = stop => {}
+                _ = fail_rx.wait_for(|_| failure.get().is_some()) => {}
+            }
+        }
+    });
 
     let listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
@@ -64,12 +107,29 @@ async fn main() -> anyhow::Result<()> {
     let http_state = http::HttpState {
         metrics: metrics.clone(),
         ready: ready.clone(),
+        health: health.clone(),
+        stale_after,
+        failure: failure.clone(),
     };
-    let server = tokio::spawn(http::serve(listener, http_state, stop.clone()));
+    let server = tokio::spawn(http::serve(listener, http_state, shutdown.clone()));
 
-    let client = kube::Client::try_default()
-        .await
-        .context("building the Kubernetes client")?;
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(anyhow::Error::from)
+        }
+        None => kube::Config::infer().await.map_err(anyhow::Error::from),
+    }
+    .context("loading the Kubernetes client configuration")?;
+    let client = ballast::client::build(
+        config,
+        &metrics,
+        Duration::from_secs(args.api_timeout_seconds),
+    )
+    .context("building the Kubernetes client")?;
     let version = client
         .apiserver_version()
         .await
@@ -77,18 +137,14 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(server = %version.git_version, "connected to the API server");
     ready.store(true, Ordering::Relaxed);
 
-    let lost = Arc::new(AtomicBool::new(false));
     let elector = if args.leader_elect {
         let ns = args
             .lease_namespace
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_string());
         let identity = args.identity.clone().unwrap_or_else(default_identity);
-        let timings = leader::LeaseTimings {
-            lease_duration: Duration::from_secs(args.lease_duration_seconds),
-            renew_deadline: Duration::from_secs(args.lease_duration_seconds * 2 / 3),
-            ..Default::default()
-        };
+        let timings =
+            leader::LeaseTimings::for_duration(Duration::from_secs(args.lease_duration_seconds));
         let elector = Arc::new(leader::LeaderElector::new(
             client.clone(),
             &ns,
@@ -96,34 +152,29 @@ async fn main() -> anyhow::Result<()> {
             &identity,
             timings,
         ));
-        tokio::select! {
-            _ = elector.acquire() => {}
+        let renewed = tokio::select! {
+            r = elector.acquire() => r,
             _ = stop.clone() => {
                 tracing::info!("stopped before becoming leader");
                 let _ = server.await;
                 return Ok(());
             }
-        }
-        Some(elector)
+        };
+        let keeper = {
+            let (elector, metrics) = (elector.clone(), metrics.clone());
+            tokio::spawn(async move {
+                let lost = elector.hold(renewed).await;
+                metrics.leader.set(0);
+                // Another replica may already act: not one more step.
+                tracing::error!(%lost, "lost the leader lease; exiting");
+                std::process::exit(1);
+            })
+        };
+        Some((elector, keeper))
     } else {
         None
     };
     metrics.leader.set(1);
-
-    // Stop acting on SIGTERM, or the moment leadership is lost.
-    let shutdown = match &elector {
-        Some(e) => {
-            let (e, lost) = (e.clone(), lost.clone());
-            let hold = async move {
-                e.hold().await;
-                lost.store(true, Ordering::SeqCst);
-            };
-            controller::shutdown_signal(
-                futures::future::select(stop.clone(), hold.boxed()).map(|_| ()),
-            )
-        }
-        None => stop.clone(),
-    };
 
     let ctx = controller::Context {
         client,
@@ -132,20 +183,76 @@ async fn main() -> anyhow::Result<()> {
         health: health.clone(),
     };
     tracing::info!(namespace = ?ctx.namespace, "starting controllers");
-    controller::run(ctx, shutdown).await;
-    metrics.leader.set(0);
+    let exit_after = stale_after + stale_after / 4;
+    run_controllers(ctx, shutdown, &stop, &health, exit_after, &fail).await;
 
-    if lost.load(Ordering::SeqCst) {
-        // Another replica may already act: exit at once and let the
-        // Deployment restart us as a standby.
-        anyhow::bail!("lost the leader lease");
-    }
-    if let Some(e) = &elector {
-        e.release().await;
+    // In-flight reconciles are done: only now may another replica take over.
+    if let Some((elector, keeper)) = &elector {
+        keeper.abort();
+        metrics.leader.set(0);
+        elector.release().await;
     }
     let _ = server.await;
+    if let Some(reason) = failure.get() {
+        anyhow::bail!("{reason}");
+    }
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Runs both controllers until `shutdown`, then lets their in-flight reconciles finish for
+/// at most [`controller::DRAIN`]. A controller that ends by itself, or a watch that fails for
+/// longer than `exit_after`, is a failure (`fail`), which shuts the other down too.
+async fn run_controllers(
+    ctx: controller::Context,
+    shutdown: ShutdownSignal,
+    stop: &ShutdownSignal,
+    health: &Health,
+    exit_after: Duration,
+    fail: &(impl Fn(String) + Sync),
+) {
+    let until_stopped = |name: &'static str, run: futures::future::BoxFuture<'static, ()>| {
+        let shutdown = shutdown.clone();
+        async move {
+            run.await;
+            if shutdown.peek().is_none() {
+                fail(format!("the {name} controller stopped"));
+            }
+        }
+    };
+    let both = futures::future::join(
+        until_stopped(
+            "spread-policy",
+            Box::pin(spread_policy::run(ctx.clone(), shutdown.clone())),
+        ),
+        until_stopped(
+            "rollout-strategy",
+            Box::pin(rollout_strategy::run(ctx, shutdown.clone())),
+        ),
+    );
+    tokio::pin!(both);
+    let watchdog = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Err(e) = health.check(exit_after) {
+                return e;
+            }
+        }
+    };
+    tokio::select! {
+        _ = &mut both => return,
+        _ = shutdown.clone() => {}
+        reason = watchdog => fail(reason),
+    }
+    if stop.peek().is_some() {
+        tracing::info!(drain = ?controller::DRAIN, "finishing in-flight reconciles");
+    }
+    if tokio::time::timeout(controller::DRAIN, &mut both)
+        .await
+        .is_err()
+    {
+        tracing::warn!(drain = ?controller::DRAIN, "controllers did not stop in time; exiting anyway");
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -2,7 +2,10 @@
 //!
 //! Every reconcile, every error (by reason), every write to a workload (by
 //! outcome), every hook run and every rollout phase change is counted here, so
-//! that what the operator does to a cluster can be seen without its logs.
+//! that what the operator does to a cluster can be seen without its logs; and
+//! every request to the API server ([`api`]).
+
+pub mod api;
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -52,6 +55,7 @@ pub struct Metrics {
     pub hook_duration: Family<HookLabels, Histogram>,
     pub rollout_phases: Family<PhaseLabels, Counter>,
     pub leader: Gauge,
+    pub api_requests: Family<api::ApiRequestLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -70,6 +74,7 @@ impl Default for Metrics {
         });
         let rollout_phases = Family::<PhaseLabels, Counter>::default();
         let leader = Gauge::default();
+        let api_requests = Family::<api::ApiRequestLabels, Counter>::default();
         registry.register("reconciles", "Reconciliations run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -106,6 +111,11 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        registry.register(
+            "api_requests",
+            "Requests to the API server, by verb, group, resource and response code",
+            api_requests.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -116,6 +126,7 @@ impl Default for Metrics {
             hook_duration,
             rollout_phases,
             leader,
+            api_requests,
         }
     }
 }
@@ -127,6 +138,11 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// The tower layer that counts the client's requests into `api_requests`.
+    pub fn api_layer(&self) -> api::ApiMetricsLayer {
+        api::ApiMetricsLayer::new(self.api_requests.clone())
     }
 
     pub fn count_reconcile(&self, controller: &'static str, seconds: f64) {
