@@ -150,7 +150,7 @@ mod tests {
         let seen = tr.observe("shop", &mut ws, t(T0));
         assert!(seen.unobserved.is_empty());
         assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
-        assert_eq!(seen.next_bound, Some(Duration::from_secs(600)));
+        assert_eq!(seen.next_bound, Some(Duration::from_secs(605)));
 
         let mut ws = [web(2, "u1", Rollout::Complete)];
         tr.observe("shop", &mut ws, t(T0));
@@ -186,10 +186,10 @@ mod tests {
         let mut ws = [web(2, "u1", Rollout::InProgress)];
         tr.observe("shop", &mut ws, t(T0));
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:09:59Z"));
+        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:04Z"));
         assert_eq!(seen.next_bound, Some(Duration::from_secs(1)));
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:00Z"));
+        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:05Z"));
         assert_eq!(ws[0].rollout, Rollout::Stalled);
         assert_eq!(seen.next_bound, None);
         // Completing and starting again starts a new bound.

@@ -27,6 +27,12 @@ pub const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
 /// its `progressDeadlineSeconds` (which may be "never"): every wait has a bound.
 pub const MAX_PROGRESS_DEADLINE: Duration = Duration::from_secs(3600);
 
+/// Added to a workload's own deadline before it stops counting as rolling
+/// out, so that its controller has said so first (`ProgressDeadlineExceeded`)
+/// and anyone watching both never sees ballast move on while the workload
+/// still claims to be progressing.
+pub const BOUND_GRACE: Duration = Duration::from_secs(5);
+
 /// The Deployment condition reason that says its latest rollout completed.
 const NEW_RS_AVAILABLE: &str = "NewReplicaSetAvailable";
 
@@ -258,8 +264,8 @@ pub fn stateful_set_rollout(s: &StatefulSet) -> Rollout {
 }
 
 /// Bounds how long `w` counts as rolling out: at most its progress deadline
-/// past the later of its last reported progress and `first_seen` (when the
-/// controller first saw this rollout under way). Past that, the rollout is
+/// (plus [`BOUND_GRACE`]) past the later of its last reported progress and
+/// `first_seen` (when the controller first saw this rollout under way). Past that, the rollout is
 /// [`Rollout::Stalled`] and holds up nothing. Returns how long until that
 /// happens, while it is still ahead. Pure: the caller supplies the clock.
 pub fn bound(w: &mut Workload, first_seen: Timestamp, now: Timestamp) -> Option<Duration> {
@@ -267,8 +273,8 @@ pub fn bound(w: &mut Workload, first_seen: Timestamp, now: Timestamp) -> Option<
         return None;
     }
     let since = w.progress_at.map_or(first_seen, |p| p.max(first_seen));
-    let deadline =
-        jiff::SignedDuration::try_from(w.progress_deadline).unwrap_or(jiff::SignedDuration::MAX);
+    let deadline = jiff::SignedDuration::try_from(w.progress_deadline + BOUND_GRACE)
+        .unwrap_or(jiff::SignedDuration::MAX);
     let until = since.checked_add(deadline).unwrap_or(Timestamp::MAX);
     if now >= until {
         w.rollout = Rollout::Stalled;
@@ -409,10 +415,10 @@ mod tests {
         let mut w = rolling(None);
         assert_eq!(
             bound(&mut w, first, t("2026-01-01T00:09:00Z")),
-            Some(Duration::from_secs(60))
+            Some(Duration::from_secs(65))
         );
         assert_eq!(w.rollout, Rollout::InProgress);
-        assert_eq!(bound(&mut w, first, t("2026-01-01T00:10:00Z")), None);
+        assert_eq!(bound(&mut w, first, t("2026-01-01T00:10:05Z")), None);
         assert_eq!(w.rollout, Rollout::Stalled);
     }
 
@@ -422,7 +428,7 @@ mod tests {
         let mut moving = rolling(Some("2026-01-01T00:08:00Z"));
         assert_eq!(
             bound(&mut moving, first, t("2026-01-01T00:12:00Z")),
-            Some(Duration::from_secs(360))
+            Some(Duration::from_secs(365))
         );
         // A Deployment paused days ago: its condition is old, the wait starts
         // when the controller first saw the rollout.
