@@ -274,7 +274,11 @@ pub fn plan(inp: &Inputs) -> Plan {
             ));
             continue;
         }
-        if merged.template_changed {
+        // A workload already rolling out because of this policy is counted
+        // already: writing it again adds no rollout, and it must never wait
+        // for itself (a removal from a workload stuck in its own rollout
+        // would otherwise hold up the deletion for the whole bound).
+        if merged.template_changed && !in_flight(w) {
             if budget == 0 {
                 out.waiting += 1;
                 statuses.push(status(
@@ -417,6 +421,22 @@ mod tests {
         assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
         a.rollout = Rollout::Stalled;
         assert_eq!(run(&p, &[a, web("b")]).writes.len(), 1);
+    }
+
+    #[test]
+    fn a_workload_in_flight_is_not_held_up_by_itself() {
+        // Stuck in its own rollout (5 replicas, 3 zones, from the start): the
+        // policy's deletion takes the terms out at once.
+        let p = policy(json!({}));
+        let mut stuck = carrying(&p, web("a"));
+        stuck.rollout = Rollout::InProgress;
+        let out = run(
+            &deleting(p.clone()),
+            &[stuck.clone(), carrying(&p, web("b"))],
+        );
+        assert_eq!(out.writes.len(), 1, "{:?}", out.workloads);
+        assert_eq!(out.writes[0].name, "a");
+        assert_eq!(out.waiting, 1, "b waits for a");
     }
 
     #[test]
