@@ -70,8 +70,9 @@ pub struct State {
     stateful_sets: Store<StatefulSet>,
     nodes: Store<Node>,
     recorder: Recorder,
-    /// Our template writes and the rollouts under way (see [`tracker`]).
-    tracker: Mutex<Tracker>,
+    /// Our template writes and the rollouts under way (see [`tracker`]);
+    /// shared with the workload watches' mappers.
+    tracker: Arc<Mutex<Tracker>>,
     backoff: Backoff,
 }
 
@@ -110,14 +111,29 @@ fn node_fingerprint(n: &Node) -> u64 {
     h.finish()
 }
 
-/// The policies in `w`'s namespace that select it or whose terms it carries.
-fn policies_for(store: &Policies, w: &Workload) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
+/// The policies in `w`'s namespace that select it, whose terms it carries,
+/// or whose write it is still rolling out.
+fn policies_for(
+    store: &Policies,
+    tracker: &Mutex<Tracker>,
+    w: &Workload,
+) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
     let owner = w.annotations.get(ANNOTATION_POLICY);
+    let rolling_for = tracker
+        .lock()
+        .expect("not poisoned")
+        .rolling_for(&(w.namespace.clone(), w.kind, w.name.clone()))
+        .map(str::to_string);
     store
         .state()
         .iter()
         .filter(|p| p.namespace().as_deref() == Some(w.namespace.as_str()))
-        .filter(|p| owner == Some(&p.name_any()) || p.ok().is_some_and(|p| select::selects(p, w)))
+        .filter(|p| {
+            let name = p.name_any();
+            owner == Some(&name)
+                || rolling_for.as_ref() == Some(&name)
+                || p.ok().is_some_and(|p| select::selects(p, w))
+        })
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
@@ -208,6 +224,8 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     )
     .touched_objects();
     let controller = Controller::for_stream(policy_stream, policies.clone());
+    let tracker = Arc::new(Mutex::new(Tracker::default()));
+    let (t1, t2) = (tracker.clone(), tracker.clone());
     let reporter = Reporter {
         controller: SPREAD_POLICY_MANAGER.into(),
         instance: None,
@@ -220,7 +238,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         deployments,
         stateful_sets,
         nodes,
-        tracker: Mutex::new(Tracker::default()),
+        tracker: tracker.clone(),
         backoff: Backoff::default(),
     });
     let (p1, p2, p3, p4) = (
@@ -231,10 +249,10 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     );
     controller
         .watches_stream(deploy_stream, move |d| {
-            policies_for(&p1, &Workload::from_deployment(&d))
+            policies_for(&p1, &t1, &Workload::from_deployment(&d))
         })
         .watches_stream(sts_stream, move |s| {
-            policies_for(&p2, &Workload::from_stateful_set(&s))
+            policies_for(&p2, &t2, &Workload::from_stateful_set(&s))
         })
         .watches_stream(node_stream, move |_| {
             p3.state()

@@ -61,6 +61,13 @@ impl Tracker {
         );
     }
 
+    /// The policy whose write `key` is still rolling out, if any: a change of
+    /// that workload must wake the policy even when the write took its owner
+    /// annotation away (its rollout ending frees the policy's pacing budget).
+    pub fn rolling_for(&self, key: &Key) -> Option<&str> {
+        self.writes.get(key).map(|w| w.policy.as_str())
+    }
+
     /// Brings the memory up to date with the cached `workloads` of `ns` and
     /// marks them: rollouts without progress for longer than their bound
     /// become [`Rollout::Stalled`], and a workload still rolling out a write
@@ -158,6 +165,15 @@ mod tests {
         let mut ws = [web(2, "u1", Rollout::InProgress)];
         tr.observe("shop", &mut ws, t(T0));
         assert_eq!(ws[0].rolling_for, None, "forgotten once complete");
+    }
+
+    #[test]
+    fn a_removal_is_remembered_for_waking_its_policy_until_its_rollout_ends() {
+        let mut tr = Tracker::default();
+        tr.wrote(key(), "web-ha", Some("u1".into()), 2);
+        assert_eq!(tr.rolling_for(&key()), Some("web-ha"));
+        tr.observe("shop", &mut [web(2, "u1", Rollout::Complete)], t(T0));
+        assert_eq!(tr.rolling_for(&key()), None);
     }
 
     #[test]
