@@ -679,11 +679,13 @@ async fn template_only_rollback(
     let rs = rss
         .iter()
         .find(|rs| {
-            let mut d = Deployment::default();
-            d.spec = Some(k8s_openapi::api::apps::v1::DeploymentSpec {
-                template: rs.spec.as_ref().unwrap().template.clone().unwrap(),
+            let d = Deployment {
+                spec: Some(k8s_openapi::api::apps::v1::DeploymentSpec {
+                    template: rs.spec.as_ref().unwrap().template.clone().unwrap(),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            });
+            };
             pick(&d)
         })
         .expect("the ReplicaSet to go back to");

@@ -1326,10 +1326,10 @@ async fn pacing_counts_paused_deployments_as_rolling_out() {
     .await;
     // p-0 is paused with a template it has not rolled out: in flight.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    for i in 1..3 {
+    for (i, generation) in gen0.iter().enumerate().skip(1) {
         let d = get_deployment(&c, &ns.name, &format!("p-{i}")).await;
         assert_eq!(
-            d.metadata.generation, gen0[i],
+            &d.metadata.generation, generation,
             "p-{i} written while p-0 was still paused"
         );
     }
