@@ -514,6 +514,7 @@ async fn perform(
         let body = write::body(w, &ns, live);
         let target = w_display(w.kind, &w.name);
         let kind = format!("{:?}", w.kind);
+        tracing::debug!(policy = %name, workload = %target, generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
         match write::write_workload(&st.ctx.client, &ns, w.kind, &w.name, &body).await {
             Ok(done) => {
                 let outcome = if w.is_removal() { "removed" } else { "applied" };
