@@ -115,6 +115,21 @@ fn policy_yaml(name: &str, spec: &str) -> String {
     )
 }
 
+/// What ballast's writes leave on a workload: the generation, and when its
+/// field manager last wrote (the Deployment controller's status updates
+/// change the resourceVersion too, so that cannot tell).
+fn our_writes(d: &Deployment) -> (Option<i64>, Vec<String>) {
+    let times = d
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() == Some("ballast.dev/spread-policy"))
+        .map(|m| format!("{:?} {:?}", m.operation, m.time.as_ref().map(|t| t.0)))
+        .collect();
+    (d.metadata.generation, times)
+}
+
 /// The status of a policy, as JSON.
 fn policy_status(c: &Cluster, ns: &str, name: &str) -> Value {
     let out = c.kubectl(&["get", "spreadpolicy", name, "-n", ns, "-o", "json"]);
@@ -509,7 +524,8 @@ async fn user_terms_survive_policy_create_update_and_delete_and_ours_appear_once
         "no template write"
     );
     assert_eq!(
-        after.metadata.resource_version, before.metadata.resource_version,
+        our_writes(&after),
+        our_writes(&before),
         "no write at all after a restart"
     );
 
@@ -656,7 +672,15 @@ async fn the_owner_reapplying_its_manifest_client_side_or_server_side_does_not_l
         .metadata
         .generation
         .unwrap();
-    assert!(settled <= s1g + 2, "at most theirs and ours: {settled}");
+    // kubectl's server-side apply sends the configuration more than once
+    // when it takes over from client-side apply (the apply, the
+    // last-applied annotation, a managed-fields migration and the apply
+    // again): ballast's put-back can land between them and be taken back
+    // once more. So: at most two of theirs and two of ours, then quiet.
+    assert!(
+        settled <= s1g + 4,
+        "at most theirs (twice) and ours (twice): {s1g} -> {settled}"
+    );
     // No loop: nothing moves without a new apply.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
@@ -752,7 +776,8 @@ async fn suspend_stops_all_writes_and_keeps_what_is_written() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = get_deployment(&c, &ns.name, "web").await;
     assert_eq!(
-        after.metadata.resource_version, d.metadata.resource_version,
+        our_writes(&after),
+        our_writes(&d),
         "no write while suspended"
     );
     assert_eq!(
@@ -1110,7 +1135,8 @@ async fn nothing_outside_the_policys_namespace_is_selected_or_written() {
     wait_condition(&c, &ns.name, "web-ha", "Ready", "True", "1 of 1").await;
     let after = get_deployment(&c, &other.name, "web").await;
     assert_eq!(
-        after.metadata.resource_version, outsider.metadata.resource_version,
+        our_writes(&after),
+        (outsider.metadata.generation, vec![]),
         "never written"
     );
     assert_eq!(policy_status(&c, &ns.name, "web-ha")["matched"], 1);
@@ -1164,4 +1190,596 @@ async fn events_mark_transitions_only_and_metrics_count_writes() {
     let table = c.kubectl_ok(&["get", "spol", "-n", &ns.name]);
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(&row[..4], ["web-ha", "1", "1", "True"], "{table}");
+}
+
+// ---------------------------------------------------------------- hardening (issue 8)
+
+/// The parts of a pod spec that policies and users write affinity into, as stored.
+fn affinity_parts(d: &Deployment) -> Value {
+    let s = pod_spec(d);
+    json!({"affinity": s.get("affinity"), "topologySpreadConstraints": s.get("topologySpreadConstraints")})
+}
+
+/// The record of ballast's terms in the pod template, if any.
+fn template_record(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get("ballast.dev/spread-terms")
+        .cloned()
+}
+
+/// No trace of ballast on the workload: no owner, no record anywhere.
+fn assert_no_ballast_annotations(d: &Deployment) {
+    assert!(
+        !d.annotations().contains_key("ballast.dev/spread-policy")
+            && !d.annotations().contains_key("ballast.dev/spread-terms")
+            && template_record(d).is_none(),
+        "{:?} / {:?}",
+        d.annotations(),
+        template_record(d)
+    );
+}
+
+/// Deletes a policy and waits (at most `within`) until it is gone.
+async fn delete_policy_within(c: &Cluster, ns: &str, name: &str, within: Duration) {
+    c.kubectl_ok(&["delete", "spreadpolicy", name, "-n", ns, "--wait=false"]);
+    let what = format!("SpreadPolicy {name} gone");
+    wait_until(&what, within, || async {
+        let out = c.kubectl(&["get", "spreadpolicy", name, "-n", ns, "-o", "name"]);
+        (!out.status.success()).then_some(())
+    })
+    .await;
+}
+
+async fn pending_pods(c: &Cluster, ns: &str, selector: &str) -> usize {
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending"))
+        .count()
+}
+
+/// Issue 8, defect 3 of the list: required zone anti-affinity on a 3-replica
+/// Deployment scaled to 5 (2 Pending, Infeasible); deleting the policy stayed
+/// "Removing" forever, because the unavailable pods made the workload look
+/// like a rollout in flight that held up the removal.
+#[tokio::test]
+async fn deleting_a_policy_finishes_while_a_governed_workload_is_infeasible() {
+    let Setup { c, ns, op } = setup("spol-del-infeasible").await;
+    let before = create_web(&c, &ns.name, "web", 3, user_owned_pod_spec()).await;
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
+    wait_deployment(&c, &ns.name, "web", "our term, rolled out", |d| {
+        count_zone_terms(d) == 1 && rolled_out(d)
+    })
+    .await;
+    c.kubectl_ok(&["scale", "deployment", "web", "-n", &ns.name, "--replicas=5"]);
+    wait_condition(
+        &c,
+        &ns.name,
+        "web-ha",
+        "Infeasible",
+        "True",
+        "2 pods will stay Pending",
+    )
+    .await;
+    // The cluster agrees: two pods the scheduler cannot place.
+    wait_until("2 Pending pods", WAIT, || async {
+        (pending_pods(&c, &ns.name, "app=web").await == 2).then_some(())
+    })
+    .await;
+
+    let start = std::time::Instant::now();
+    delete_policy_within(&c, &ns.name, "web-ha", Duration::from_secs(60)).await;
+    eprintln!("deleted in {:?}", start.elapsed());
+    let d = get_deployment(&c, &ns.name, "web").await;
+    assert_eq!(count_zone_terms(&d), 0, "{}", op.logs());
+    assert_eq!(
+        affinity_parts(&d),
+        affinity_parts(&before),
+        "user terms byte-identical"
+    );
+    assert_no_ballast_annotations(&d);
+}
+
+#[tokio::test]
+async fn deleting_a_suspended_policy_takes_its_terms_out() {
+    let Setup { c, ns, op: _op } = setup("spol-del-suspended").await;
+    let before = create_web(&c, &ns.name, "web", 2, user_owned_pod_spec()).await;
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
+    wait_deployment(&c, &ns.name, "web", "our term, rolled out", |d| {
+        count_zone_terms(d) == 1 && rolled_out(d)
+    })
+    .await;
+    c.apply_yaml(
+        &ns.name,
+        &policy_yaml("web-ha", &format!("{ZONE_REQUIRED}  suspend: true\n")),
+    );
+    wait_condition(&c, &ns.name, "web-ha", "Progressing", "False", "suspend").await;
+    delete_policy_within(&c, &ns.name, "web-ha", Duration::from_secs(60)).await;
+    let d = get_deployment(&c, &ns.name, "web").await;
+    assert_eq!(count_zone_terms(&d), 0);
+    assert_eq!(affinity_parts(&d), affinity_parts(&before));
+    assert_no_ballast_annotations(&d);
+}
+
+/// Deployments that a RolloutStrategy holds paused while its hooks run are
+/// rolling out: they count against `maxConcurrent` (they did not, so a policy
+/// over governed Deployments changed all of them at once).
+#[tokio::test]
+async fn pacing_counts_paused_deployments_as_rolling_out() {
+    let Setup { c, ns, op: _op } = setup("spol-pace-paused").await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), &ns.name);
+    for i in 0..3 {
+        create_web(&c, &ns.name, &format!("p-{i}"), 1, json!({})).await;
+    }
+    for i in 0..3 {
+        wait_deployment(&c, &ns.name, &format!("p-{i}"), "rolled out", rolled_out).await;
+        c.kubectl_ok(&[
+            "rollout",
+            "pause",
+            &format!("deployment/p-{i}"),
+            "-n",
+            &ns.name,
+        ]);
+    }
+    let gen0: Vec<Option<i64>> = {
+        let mut g = vec![];
+        for i in 0..3 {
+            g.push(
+                get_deployment(&c, &ns.name, &format!("p-{i}"))
+                    .await
+                    .metadata
+                    .generation,
+            );
+        }
+        g
+    };
+    c.apply_yaml(
+        &ns.name,
+        &policy_yaml("paced", "  selector: {matchLabels: {tier: web}}\n  rollout: {maxConcurrent: 1}\n  spread: [{topologyKey: kubernetes.io/hostname, mode: Preferred}]\n"),
+    );
+    wait_deployment(&c, &ns.name, "p-0", "the first write", |d| {
+        anti_preferred(d).len() == 1
+    })
+    .await;
+    // p-0 is paused with a template it has not rolled out: in flight.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (i, generation) in gen0.iter().enumerate().skip(1) {
+        let d = get_deployment(&c, &ns.name, &format!("p-{i}")).await;
+        assert_eq!(
+            &d.metadata.generation, generation,
+            "p-{i} written while p-0 was still paused"
+        );
+    }
+    let s = policy_status(&c, &ns.name, "paced");
+    assert!(
+        s["workloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["state"] == "WaitingForRollout"),
+        "{s}"
+    );
+    // Resuming each (as a RolloutStrategy does after its pre hooks) lets the next go.
+    for i in 0..3 {
+        let name = format!("p-{i}");
+        wait_deployment(&c, &ns.name, &name, "its write", |d| {
+            anti_preferred(d).len() == 1
+        })
+        .await;
+        c.kubectl_ok(&[
+            "rollout",
+            "resume",
+            &format!("deployment/{name}"),
+            "-n",
+            &ns.name,
+        ]);
+        wait_deployment(&c, &ns.name, &name, "rolled out", rolled_out).await;
+    }
+    let l = api.list(&ListParams::default()).await.unwrap();
+    assert!(l.items.iter().all(|d| anti_preferred(d).len() == 1));
+}
+
+/// A workload that completed its rollout and then lost availability (scaled
+/// past what a Required spread allows) is not a rollout in flight: it used to
+/// hold up every further write of its policy forever.
+#[tokio::test]
+async fn a_workload_that_lost_availability_after_its_rollout_does_not_hold_up_pacing() {
+    let Setup { c, ns, op } = setup("spol-pace-unhealthy").await;
+    for (name, replicas) in [("a", 2), ("b", 2), ("z", 3)] {
+        create_web(&c, &ns.name, name, replicas, json!({})).await;
+    }
+    c.apply_yaml(
+        &ns.name,
+        &policy_yaml(
+            "web-ha",
+            &format!("{ZONE_REQUIRED}  rollout: {{maxConcurrent: 1}}\n"),
+        ),
+    );
+    for name in ["a", "b", "z"] {
+        wait_deployment(&c, &ns.name, name, "our term, rolled out", |d| {
+            count_zone_terms(d) == 1 && rolled_out(d)
+        })
+        .await;
+    }
+    c.kubectl_ok(&["scale", "deployment", "z", "-n", &ns.name, "--replicas=5"]);
+    wait_condition(
+        &c,
+        &ns.name,
+        "web-ha",
+        "Infeasible",
+        "True",
+        "z: 5 replicas",
+    )
+    .await;
+    wait_until("2 Pending pods of z", WAIT, || async {
+        (pending_pods(&c, &ns.name, "app=z").await == 2).then_some(())
+    })
+    .await;
+    // A policy change: every workload needs one more term.
+    c.apply_yaml(
+        &ns.name,
+        &policy_yaml(
+            "web-ha",
+            "  selector: {matchLabels: {tier: web}}\n  rollout: {maxConcurrent: 1}\n  spread:\n  - {topologyKey: topology.kubernetes.io/zone, mode: Required}\n  - {topologyKey: kubernetes.io/hostname, mode: Preferred}\n",
+        ),
+    );
+    for name in ["a", "b"] {
+        let api: Api<Deployment> = Api::namespaced(c.client.clone(), &ns.name);
+        let got = tokio::time::timeout(WAIT, async {
+            loop {
+                let d = api.get(name).await.unwrap();
+                if anti_preferred(&d).len() == 1 && rolled_out(&d) {
+                    return d;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .await;
+        assert!(
+            got.is_ok(),
+            "{name} never got the new term; status: {}\n{}",
+            policy_status(&c, &ns.name, "web-ha"),
+            op.logs()
+        );
+    }
+    wait_deployment(&c, &ns.name, "z", "the new term on z too", |d| {
+        anti_preferred(d).len() == 1
+    })
+    .await;
+}
+
+/// The record of our terms lives in the pod template, so a template put back
+/// by `kubectl rollout undo`, or by a rollback that writes only the template
+/// (as a RolloutStrategy does), brings its own record: the policy's current
+/// terms replace exactly the old ones, and deleting the policy leaves the
+/// user's terms byte-identical to before it. With the record on the
+/// Deployment's metadata, a template-only rollback left the old term in
+/// place as if it were the user's, next to the new one, for good.
+#[tokio::test]
+async fn a_template_put_back_by_undo_or_a_rollback_brings_its_own_record() {
+    let Setup { c, ns, op } = setup("spol-undo").await;
+    let before = create_web(&c, &ns.name, "web", 2, user_owned_pod_spec()).await;
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
+    wait_deployment(&c, &ns.name, "web", "v1 rolled out", |d| {
+        count_zone_terms(d) == 1 && anti_required(d).len() == 2 && rolled_out(d)
+    })
+    .await;
+    let v2 = "  selector: {matchLabels: {tier: web}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Preferred, weight: 80}]\n";
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", v2));
+    let is_v2 = |d: &Deployment| {
+        count_zone_terms(d) == 1
+            && anti_preferred(d).iter().any(|t| t["weight"] == 80)
+            && anti_required(d).len() == 1
+            && user_parts(d) == expected_user_parts()
+    };
+    wait_deployment(&c, &ns.name, "web", "v2 rolled out", |d| {
+        is_v2(d) && rolled_out(d)
+    })
+    .await;
+
+    // kubectl rollout undo: back to the v1 template; the policy brings v2
+    // back (one change each; the v1 state may last only a moment).
+    let g = get_deployment(&c, &ns.name, "web")
+        .await
+        .metadata
+        .generation;
+    c.kubectl_ok(&["rollout", "undo", "deployment/web", "-n", &ns.name]);
+    wait_deployment(&c, &ns.name, "web", "v2 again after the undo", |d| {
+        d.metadata.generation >= g.map(|g| g + 2) && is_v2(d) && rolled_out(d)
+    })
+    .await;
+
+    // A rollback that writes the template only (a RolloutStrategy's): the
+    // ReplicaSet of the v1 revision has that template, record included.
+    let rss = Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(c.client.clone(), &ns.name)
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items;
+    let v1 = rss
+        .iter()
+        .find(|rs| {
+            let spec = serde_json::to_value(&rs.spec.as_ref().unwrap().template).unwrap();
+            list(
+                &spec,
+                &[
+                    "spec",
+                    "affinity",
+                    "podAntiAffinity",
+                    "requiredDuringSchedulingIgnoredDuringExecution",
+                ],
+            )
+            .len()
+                == 2
+        })
+        .expect("the v1 ReplicaSet");
+    let mut template = serde_json::to_value(&v1.spec.as_ref().unwrap().template).unwrap();
+    template["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove("pod-template-hash");
+    let d = get_deployment(&c, &ns.name, "web").await;
+    let g = d.metadata.generation;
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": d.resource_version()},
+        {"op": "replace", "path": "/spec/template", "value": template},
+    ]))
+    .unwrap();
+    Api::<Deployment>::namespaced(c.client.clone(), &ns.name)
+        .patch("web", &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+        .unwrap();
+    let d = wait_deployment(&c, &ns.name, "web", "v2 again after the rollback", |d| {
+        d.metadata.generation >= g.map(|g| g + 2) && is_v2(d) && rolled_out(d)
+    })
+    .await;
+    assert_eq!(
+        count_zone_terms(&d),
+        1,
+        "the old term is gone, not taken for the user's: {}",
+        op.logs()
+    );
+    // The record says exactly what is ours.
+    let record: Value = serde_json::from_str(&template_record(&d).unwrap()).unwrap();
+    assert_eq!(record["antiAffinityPreferred"][0]["weight"], 80);
+    assert!(record.get("antiAffinityRequired").is_none(), "{record}");
+
+    delete_policy_within(&c, &ns.name, "web-ha", Duration::from_secs(60)).await;
+    let d = get_deployment(&c, &ns.name, "web").await;
+    assert_eq!(
+        affinity_parts(&d),
+        affinity_parts(&before),
+        "user terms byte-identical"
+    );
+    assert_no_ballast_annotations(&d);
+}
+
+// ---------------------------------------------------------------- a stored object nobody can read
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn b64_encode(data: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(B64[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn b64_decode(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|c| *c != b'=') {
+        let v = B64.iter().position(|x| *x == c).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// One call of etcd's JSON gateway on the local control plane (127.0.0.1).
+async fn etcd(path: &str, body: Value) -> Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port: u16 = std::env::var("BALLAST_ETCD_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(12379);
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the local etcd");
+    let body = body.to_string();
+    s.write_all(
+        format!(
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let (_, json) = buf.split_once("\r\n\r\n").expect("an HTTP response");
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {buf}"))
+}
+
+/// Rewrites a stored object behind the API server's back, the way an object
+/// stored under an older CRD (before a bound existed) looks to the controller
+/// today: the API server serves it as stored, without validating it again.
+async fn rewrite_stored(key: &str, f: impl FnOnce(&mut Value)) {
+    let k = b64_encode(key.as_bytes());
+    let got = etcd("/v3/kv/range", json!({"key": k})).await;
+    let stored = got["kvs"][0]["value"].as_str().expect("the stored object");
+    let mut obj: Value = serde_json::from_slice(&b64_decode(stored)).unwrap();
+    f(&mut obj);
+    let value = b64_encode(obj.to_string().as_bytes());
+    etcd("/v3/kv/put", json!({"key": k, "value": value})).await;
+}
+
+/// Issue 8, general rule: a stored policy the controller cannot decode (here
+/// `maxSkew: 2147483648`, which a CRD without the bound let in) failed every
+/// list of the typed watch, so after a restart no policy in scope was
+/// reconciled at all. Now it is reported on itself and everything else goes
+/// on; its deletion still takes its terms out.
+#[tokio::test]
+async fn a_policy_the_controller_cannot_read_is_reported_and_stops_nothing_else() {
+    let Setup { c, ns, mut op } = setup("spol-poison").await;
+    let legacy = create_deployment(
+        &c,
+        &ns.name,
+        deployment("legacy", 1, json!({"tier": "old"}), json!({})),
+    )
+    .await;
+    create_web(&c, &ns.name, "web", 2, json!({})).await;
+    c.apply_yaml(
+        &ns.name,
+        &policy_yaml(
+            "old",
+            "  selector: {matchLabels: {tier: old}}\n  spread: [{topologyKey: topology.kubernetes.io/zone, mode: Required, method: TopologySpread, maxSkew: 1}]\n",
+        ),
+    );
+    wait_deployment(&c, &ns.name, "legacy", "the old policy's constraint", |d| {
+        !list(&pod_spec(d), &["topologySpreadConstraints"]).is_empty()
+    })
+    .await;
+    op.kill();
+    rewrite_stored(
+        &format!("/registry/ballast.dev/spreadpolicies/{}/old", ns.name),
+        |o| o["spec"]["spread"][0]["maxSkew"] = json!(2147483648u64),
+    )
+    .await;
+    // A new operator lists the unreadable policy first thing.
+    op = Operator::start_with(&c, &ns.name, &format!("ballast-{}-2", ns.name), &[]);
+    c.apply_yaml(&ns.name, &policy_yaml("web-ha", ZONE_REQUIRED));
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), &ns.name);
+    let applied = tokio::time::timeout(WAIT, async {
+        loop {
+            if count_zone_terms(&api.get("web").await.unwrap()) == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    assert!(
+        applied.is_ok(),
+        "the readable policy was never applied:\n{}",
+        op.logs()
+    );
+    let ready = wait_condition(&c, &ns.name, "old", "Ready", "False", "cannot read").await;
+    assert_eq!(ready["reason"], "InvalidSpec");
+    assert!(
+        ready["message"].as_str().unwrap().contains("2147483648"),
+        "{ready}"
+    );
+    wait_condition(&c, &ns.name, "old", "Stalled", "True", "cannot read").await;
+    let events: Api<Event> = Api::namespaced(c.client.clone(), &ns.name);
+    wait_until("an InvalidSpec Warning event", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("InvalidSpec") && e.type_.as_deref() == Some("Warning")
+        })
+    })
+    .await;
+    // Its deletion finishes, and takes its terms out.
+    delete_policy_within(&c, &ns.name, "old", Duration::from_secs(60)).await;
+    let d = get_deployment(&c, &ns.name, "legacy").await;
+    assert_eq!(affinity_parts(&d), affinity_parts(&legacy));
+    assert_no_ballast_annotations(&d);
+}
+
+/// A workload deleted, or deleted and created again under the same name,
+/// while its rollout of our write was under way: the new one is a new
+/// workload (it gets the terms and is never taken for the old one's pending
+/// write), and the deletion of the policy is held up by neither.
+#[tokio::test]
+async fn a_workload_deleted_or_replaced_mid_rollout_holds_up_nothing() {
+    let Setup { c, ns, op } = setup("spol-replaced").await;
+    let api: Api<Deployment> = Api::namespaced(c.client.clone(), &ns.name);
+    for name in ["web-0", "web-1", "web-2"] {
+        let mut d = deployment(name, 2, json!({"tier": "web"}), json!({}));
+        d.spec.as_mut().unwrap().min_ready_seconds = Some(5);
+        create_deployment(&c, &ns.name, d).await;
+    }
+    for name in ["web-0", "web-1", "web-2"] {
+        wait_deployment(&c, &ns.name, name, "rolled out", rolled_out).await;
+    }
+    c.apply_yaml(
+        &ns.name,
+        &policy_yaml("paced", "  selector: {matchLabels: {tier: web}}\n  rollout: {maxConcurrent: 1}\n  spread: [{topologyKey: kubernetes.io/hostname, mode: Preferred}]\n"),
+    );
+    // web-0 is written first and is rolling out (minReadySeconds 5).
+    wait_deployment(&c, &ns.name, "web-0", "the first write", |d| {
+        anti_preferred(d).len() == 1
+    })
+    .await;
+    c.kubectl_ok(&[
+        "delete",
+        "deployment",
+        "web-0",
+        "-n",
+        &ns.name,
+        "--wait=true",
+    ]);
+    let mut d = deployment("web-0", 2, json!({"tier": "web"}), json!({}));
+    d.spec.as_mut().unwrap().min_ready_seconds = Some(5);
+    create_deployment(&c, &ns.name, d).await;
+    for name in ["web-0", "web-1", "web-2"] {
+        let got = tokio::time::timeout(WAIT, async {
+            loop {
+                let d = api.get(name).await.unwrap();
+                if anti_preferred(&d).len() == 1 && rolled_out(&d) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .await;
+        assert!(
+            got.is_ok(),
+            "{name} never converged; status: {}\n{}",
+            policy_status(&c, &ns.name, "paced"),
+            op.logs()
+        );
+    }
+    // One deleted outright while the policy goes away.
+    c.kubectl_ok(&[
+        "delete",
+        "deployment",
+        "web-2",
+        "-n",
+        &ns.name,
+        "--wait=false",
+    ]);
+    delete_policy_within(&c, &ns.name, "paced", Duration::from_secs(60)).await;
+    for name in ["web-0", "web-1"] {
+        let d = get_deployment(&c, &ns.name, name).await;
+        assert!(anti_preferred(&d).is_empty());
+        assert_no_ballast_annotations(&d);
+    }
 }

@@ -19,6 +19,11 @@ pub const MAX_WORKLOAD_STATUSES: usize = 50;
 /// Weight of a `Preferred` term that does not set one.
 pub const DEFAULT_PREFERRED_WEIGHT: i32 = 100;
 
+/// The largest count the API accepts (`maxSkew`, `minDomains`, `rollout.maxConcurrent`): far
+/// above any real cluster, and bounded at admission so that every stored policy decodes into
+/// the controller's `i32`s (whose arithmetic on them saturates).
+pub const MAX_COUNT: i32 = 1_000_000;
+
 /// Which workloads to spread, and how. The operator writes pod affinity, pod anti-affinity and
 /// topology spread constraints into the pod template of every matching workload in this
 /// namespace, and removes exactly what it wrote when the policy goes away or the workload stops
@@ -221,17 +226,17 @@ pub struct SpreadTerm {
     #[schemars(range(min = 1, max = 100))]
     pub weight: Option<i32>,
 
-    /// Largest allowed difference in replica count between two domains, at least 1. Only with
+    /// Largest allowed difference in replica count between two domains, 1..1000000. Only with
     /// method `TopologySpread`; absent means 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_COUNT))]
     pub max_skew: Option<i32>,
 
     /// Treat the key as having at least this many domains, so that replicas stay Pending rather
-    /// than pile into the domains that exist (e.g. while a zone has no nodes). At least 1. Only
+    /// than pile into the domains that exist (e.g. while a zone has no nodes). 1..1000000. Only
     /// with method `TopologySpread` and mode `Required`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_COUNT))]
     pub min_domains: Option<i32>,
 }
 
@@ -284,9 +289,10 @@ impl PodTerm {
 #[serde(rename_all = "camelCase")]
 pub struct RolloutPacing {
     /// How many workloads may be rolling out because of this policy at once: the next workload
-    /// is patched only when the previous ones have finished. 0 means no limit. Default 1.
+    /// is patched only when the previous ones have finished (or stopped progressing for their
+    /// progress deadline). 0 means no limit. Default 1, at most 1000000.
     #[serde(default = "default_max_concurrent")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_COUNT))]
     pub max_concurrent: i32,
 }
 
@@ -501,6 +507,43 @@ spec:
         ] {
             assert!(text.contains(message), "missing rule: {message}");
         }
+    }
+
+    /// Every integer a user can write is bounded on both sides at admission, so no stored
+    /// policy can hold a number the controller cannot (issue: `maxSkew: 2147483647`).
+    #[test]
+    fn every_integer_of_the_spec_is_bounded() {
+        fn walk(path: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+            let Some(o) = v.as_object() else { return };
+            if o.get("type").and_then(|t| t.as_str()) == Some("integer")
+                && (o.get("minimum").is_none() || o.get("maximum").is_none())
+            {
+                out.push(path.to_string());
+            }
+            for (k, child) in o {
+                match child {
+                    serde_json::Value::Object(_) => walk(&format!("{path}.{k}"), child, out),
+                    serde_json::Value::Array(a) => {
+                        for c in a {
+                            walk(&format!("{path}.{k}[]"), c, out);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut unbounded = Vec::new();
+        walk("spec", &schema()["properties"]["spec"], &mut unbounded);
+        assert!(unbounded.is_empty(), "unbounded integers: {unbounded:?}");
+        let spread = &schema()["properties"]["spec"]["properties"]["spread"]["items"]["properties"];
+        assert_eq!(
+            spread["maxSkew"]["maximum"].as_f64(),
+            Some(f64::from(MAX_COUNT))
+        );
+        assert_eq!(
+            spread["minDomains"]["maximum"].as_f64(),
+            Some(f64::from(MAX_COUNT))
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub enum Error {
     },
     #[error("updating status: {0}")]
     Status(#[source] kube::Error),
+    #[error("reporting an unreadable policy: {0}")]
+    ReportInvalid(#[source] kube::Error),
 }
 
 impl Error {
@@ -27,6 +29,7 @@ impl Error {
             Error::Finalizer(_) => "FinalizerUpdateFailed",
             Error::Write { .. } => "WriteFailed",
             Error::Status(_) => "StatusUpdateFailed",
+            Error::ReportInvalid(_) => "ReportInvalidFailed",
         }
     }
 }

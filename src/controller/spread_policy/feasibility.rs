@@ -144,19 +144,19 @@ pub struct DomainCount {
 /// Counts the distinct values of `key` among `nodes`.
 pub fn count_domains<'a>(key: &str, nodes: impl IntoIterator<Item = &'a NodeInfo>) -> DomainCount {
     let mut values = BTreeSet::new();
-    let (mut n, mut missing) = (0, 0);
+    let (mut n, mut missing): (i32, i32) = (0, 0);
     for node in nodes {
-        n += 1;
+        n = n.saturating_add(1);
         match node.labels.get(key) {
             Some(v) => {
                 values.insert(v.as_str());
             }
-            None => missing += 1,
+            None => missing = missing.saturating_add(1),
         }
     }
     DomainCount {
         topology_key: key.to_string(),
-        domains: values.len() as i32,
+        domains: i32::try_from(values.len()).unwrap_or(i32::MAX),
         nodes: n,
         nodes_missing_label: missing,
     }
@@ -222,11 +222,12 @@ pub fn assess(spec: &SpreadPolicySpec, w: &Workload, nodes: &[NodeInfo]) -> Feas
             Method::TopologySpread => {
                 let min = s.min_domains.unwrap_or(1);
                 // Below minDomains the global minimum counts as 0, so each
-                // domain holds at most maxSkew pods.
+                // domain holds at most maxSkew pods. Saturating: maxSkew and the
+                // domain count are each bounded, their product need not fit.
                 if count.domains == 0 {
                     Some(0)
                 } else if count.domains < min {
-                    Some(count.domains * s.effective_max_skew())
+                    Some(count.domains.saturating_mul(s.effective_max_skew()))
                 } else {
                     None
                 }
@@ -235,14 +236,12 @@ pub fn assess(spec: &SpreadPolicySpec, w: &Workload, nodes: &[NodeInfo]) -> Feas
         if let Some(cap) = capacity
             && w.replicas > cap
         {
-            {
-                f.shortfalls.push(Shortfall {
-                    replicas: w.replicas,
-                    domains: count.domains,
-                    topology_key: s.topology_key.clone(),
-                    pending: w.replicas - cap,
-                });
-            }
+            f.shortfalls.push(Shortfall {
+                replicas: w.replicas,
+                domains: count.domains,
+                topology_key: s.topology_key.clone(),
+                pending: w.replicas.saturating_sub(cap),
+            });
         }
     }
     f
@@ -402,6 +401,20 @@ mod tests {
                 .shortfalls
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_largest_skew_and_min_domains_do_not_overflow() {
+        let s = spec(
+            json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread",
+            "maxSkew": i32::MAX, "minDomains": i32::MAX}]),
+        );
+        assert!(assess(&s, &web(5), &three_zones()).shortfalls.is_empty());
+        let f = assess(&s, &web(i32::MAX), &three_zones());
+        assert_eq!(f.shortfalls.len(), 0, "capacity saturates at i32::MAX");
+        let mut negative = web(-5);
+        negative.replicas = i32::MIN;
+        assert!(assess(&s, &negative, &three_zones()).shortfalls.is_empty());
     }
 
     #[test]

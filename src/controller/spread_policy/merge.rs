@@ -25,6 +25,9 @@ pub struct Merged {
     pub anti_affinity_preferred: Vec<WeightedPodAffinityTerm>,
     pub affinity_required: Vec<PodAffinityTerm>,
     pub affinity_preferred: Vec<WeightedPodAffinityTerm>,
+    /// The whole topology spread constraint list after the merge: the
+    /// user's entries in their order, then ours.
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     /// The terms ballast will have injected: the new record.
     pub ours: Terms,
     /// Desired constraints left out because the user has one with that key.
@@ -141,11 +144,15 @@ pub fn merge(workload: &Workload, recorded: &Terms, desired: &Terms) -> Merged {
         || aff_pref != live_aff_pref
         || tsc_changed;
 
+    let mut all_tsc: Vec<TopologySpreadConstraint> = user_tsc.into_iter().cloned().collect();
+    all_tsc.extend(ours_tsc.iter().cloned());
+
     Merged {
         anti_affinity_required: anti_req,
         anti_affinity_preferred: anti_pref,
         affinity_required: aff_req,
         affinity_preferred: aff_pref,
+        topology_spread_constraints: all_tsc,
         ours: Terms {
             anti_affinity_required: ours_anti_req,
             anti_affinity_preferred: ours_anti_pref,

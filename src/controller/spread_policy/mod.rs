@@ -17,11 +17,15 @@ pub mod plan;
 pub mod select;
 pub mod status;
 pub mod terms;
+pub mod tracker;
 pub mod workload;
 pub mod write;
 
-use super::{Context, ShutdownSignal};
-use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use super::{Context, ShutdownSignal, backoff::Backoff};
+use crate::api::spread_policy::{
+    DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec, WorkloadKind,
+};
+use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
 use error::Error;
 use feasibility::NodeInfo;
@@ -41,41 +45,38 @@ use kube::{
     },
 };
 use plan::{ANNOTATION_POLICY, Inputs};
+use serde::Deserialize;
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
+use tracker::Tracker;
 use workload::Workload;
 
 pub const CONTROLLER: &str = "spread-policy";
 /// Keeps a policy until its terms are out of every workload (deletionPolicy Remove).
 pub const FINALIZER: &str = "ballast.dev/spread-policy";
 
+type Policies = Store<Lenient<SpreadPolicy>>;
+
 /// What every reconcile of this controller shares.
 pub struct State {
     ctx: Context,
     /// Ends waits that the shutdown would otherwise sit out.
     shutdown: ShutdownSignal,
-    policies: Store<SpreadPolicy>,
+    policies: Policies,
     deployments: Store<Deployment>,
     stateful_sets: Store<StatefulSet>,
     nodes: Store<Node>,
     recorder: Recorder,
-    /// Generation each of our recent writes produced, until the cache shows
-    /// it: keeps a lagging cache from causing a second write or from
-    /// undercounting rollouts in flight.
-    written: Mutex<HashMap<(String, WorkloadKind, String), i64>>,
-    /// Consecutive failures per policy (`namespace/name`), for backoff.
-    failures: Mutex<HashMap<String, u32>>,
+    /// Our template writes and the rollouts under way (see [`tracker`]);
+    /// shared with the workload watches' mappers.
+    tracker: Arc<Mutex<Tracker>>,
+    backoff: Backoff,
 }
 
-/// Exponential backoff per object: 1s, 2s, 4s … capped at 5 minutes.
-pub fn backoff(failures: u32) -> Duration {
-    Duration::from_secs(1u64 << failures.min(9)).min(Duration::from_secs(300))
-}
-
-fn key(p: &SpreadPolicy) -> String {
+fn key(p: &Lenient<SpreadPolicy>) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
 
@@ -110,74 +111,121 @@ fn node_fingerprint(n: &Node) -> u64 {
     h.finish()
 }
 
-/// The policies in `w`'s namespace that select it or whose terms it carries.
-fn policies_for(store: &Store<SpreadPolicy>, w: &Workload) -> Vec<ObjectRef<SpreadPolicy>> {
+/// The policies in `w`'s namespace that select it, whose terms it carries,
+/// or whose write it is still rolling out.
+fn policies_for(
+    store: &Policies,
+    tracker: &Mutex<Tracker>,
+    w: &Workload,
+) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
     let owner = w.annotations.get(ANNOTATION_POLICY);
+    let rolling_for = tracker
+        .lock()
+        .expect("not poisoned")
+        .rolling_for(&(w.namespace.clone(), w.kind, w.name.clone()))
+        .map(str::to_string);
     store
         .state()
         .iter()
         .filter(|p| p.namespace().as_deref() == Some(w.namespace.as_str()))
-        .filter(|p| select::selects(p, w) || owner == Some(&p.name_any()))
+        .filter(|p| {
+            let name = p.name_any();
+            owner == Some(&name)
+                || rolling_for.as_ref() == Some(&name)
+                || p.ok().is_some_and(|p| select::selects(p, w))
+        })
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
 
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = watcher::Config::default().any_semantic();
+    let health = &ctx.health;
     let (deployments, deploy_writer) = reflector::store();
-    let deploy_stream = watcher(ctx.scoped_api::<Deployment>(), cfg.clone())
-        .default_backoff()
-        .modify(|d| {
-            strip_meta(&mut d.metadata);
-            if let Some(s) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-                strip_pod_spec(s);
-            }
-        })
-        .reflect(deploy_writer)
-        .touched_objects();
+    let deploy_stream = super::watch(
+        ctx.scoped_api::<Deployment>(),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/deployments",
+    )
+    .modify(|d| {
+        strip_meta(&mut d.metadata);
+        if let Some(s) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+            strip_pod_spec(s);
+        }
+    })
+    .reflect(deploy_writer)
+    .touched_objects();
     let (stateful_sets, sts_writer) = reflector::store();
-    let sts_stream = watcher(ctx.scoped_api::<StatefulSet>(), cfg.clone())
-        .default_backoff()
-        .modify(|s| {
-            strip_meta(&mut s.metadata);
-            if let Some(spec) = s.spec.as_mut() {
-                spec.volume_claim_templates = None;
-                if let Some(p) = spec.template.spec.as_mut() {
-                    strip_pod_spec(p);
-                }
+    let sts_stream = super::watch(
+        ctx.scoped_api::<StatefulSet>(),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/statefulsets",
+    )
+    .modify(|s| {
+        strip_meta(&mut s.metadata);
+        if let Some(spec) = s.spec.as_mut() {
+            spec.volume_claim_templates = None;
+            if let Some(p) = spec.template.spec.as_mut() {
+                strip_pod_spec(p);
             }
-        })
-        .reflect(sts_writer)
-        .touched_objects();
+        }
+    })
+    .reflect(sts_writer)
+    .touched_objects();
     let (nodes, node_writer) = reflector::store();
     let mut fingerprints: HashMap<String, u64> = HashMap::new();
-    let node_stream = watcher(Api::<Node>::all(ctx.client.clone()), cfg.clone())
-        .default_backoff()
-        .modify(|n| {
-            strip_meta(&mut n.metadata);
-            if let Some(s) = n.status.as_mut() {
-                s.images = None;
-                s.volumes_attached = None;
-                s.volumes_in_use = None;
+    let node_stream = super::watch(
+        Api::<Node>::all(ctx.client.clone()),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/nodes",
+    )
+    .modify(|n| {
+        strip_meta(&mut n.metadata);
+        if let Some(s) = n.status.as_mut() {
+            s.images = None;
+            s.volumes_attached = None;
+            s.volumes_in_use = None;
+        }
+    })
+    .reflect(node_writer)
+    .touched_objects()
+    // Heartbeats change nothing that matters: only pass real changes.
+    .filter(move |n| {
+        let changed = match n {
+            Ok(n) => {
+                let fp = node_fingerprint(n);
+                fingerprints.insert(n.name_any(), fp) != Some(fp)
             }
-        })
-        .reflect(node_writer)
-        .touched_objects()
-        // Heartbeats change nothing that matters: only pass real changes.
-        .filter(move |n| {
-            let changed = match n {
-                Ok(n) => {
-                    let fp = node_fingerprint(n);
-                    fingerprints.insert(n.name_any(), fp) != Some(fp)
-                }
-                Err(_) => true,
-            };
-            futures::future::ready(changed)
-        });
+            Err(_) => true,
+        };
+        futures::future::ready(changed)
+    });
 
-    let policies_api = ctx.scoped_api::<SpreadPolicy>();
-    let controller = Controller::new(policies_api.clone(), cfg.clone());
-    let policies = controller.store();
+    // Policies are read leniently: one this version cannot decode is reported
+    // on itself, and every other policy goes on being reconciled.
+    let (policies, policy_writer) = reflector::store();
+    let policy_stream = super::watch(
+        ctx.scoped_api::<Lenient<SpreadPolicy>>(),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/spreadpolicies",
+    )
+    .reflect(policy_writer)
+    .touched_objects();
+    // A change to one policy can hand workloads to its siblings.
+    let sibling_stream = super::watch(
+        ctx.scoped_api::<Lenient<SpreadPolicy>>(),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/spreadpolicies-siblings",
+    )
+    .touched_objects();
+    let controller = Controller::for_stream(policy_stream, policies.clone());
+    let tracker = Arc::new(Mutex::new(Tracker::default()));
+    let (t1, t2) = (tracker.clone(), tracker.clone());
     let reporter = Reporter {
         controller: SPREAD_POLICY_MANAGER.into(),
         instance: None,
@@ -190,8 +238,8 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         deployments,
         stateful_sets,
         nodes,
-        written: Mutex::new(HashMap::new()),
-        failures: Mutex::new(HashMap::new()),
+        tracker: tracker.clone(),
+        backoff: Backoff::default(),
     });
     let (p1, p2, p3, p4) = (
         policies.clone(),
@@ -201,10 +249,10 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     );
     controller
         .watches_stream(deploy_stream, move |d| {
-            policies_for(&p1, &Workload::from_deployment(&d))
+            policies_for(&p1, &t1, &Workload::from_deployment(&d))
         })
         .watches_stream(sts_stream, move |s| {
-            policies_for(&p2, &Workload::from_stateful_set(&s))
+            policies_for(&p2, &t2, &Workload::from_stateful_set(&s))
         })
         .watches_stream(node_stream, move |_| {
             p3.state()
@@ -212,8 +260,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
-        // A change to one policy can hand workloads to its siblings.
-        .watches(policies_api, cfg, move |changed: SpreadPolicy| {
+        .watches_stream(sibling_stream, move |changed: Lenient<SpreadPolicy>| {
             p4.state()
                 .iter()
                 .filter(|p| {
@@ -229,9 +276,10 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         .await;
 }
 
-async fn reconcile(policy: Arc<SpreadPolicy>, st: Arc<State>) -> Result<Action, Error> {
+async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Action, Error> {
     let start = std::time::Instant::now();
     let ready = async {
+        let _ = st.policies.wait_until_ready().await;
         let _ = st.deployments.wait_until_ready().await;
         let _ = st.stateful_sets.wait_until_ready().await;
         let _ = st.nodes.wait_until_ready().await;
@@ -239,36 +287,38 @@ async fn reconcile(policy: Arc<SpreadPolicy>, st: Arc<State>) -> Result<Action, 
     if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
         return Err(Error::CacheNotReady);
     }
-    let result = sync(&policy, &st).await;
+    let result = match obj.as_ref() {
+        Lenient::Ok(policy) => sync(&obj, policy, true, &st).await,
+        Lenient::Invalid(inv) => sync_invalid(&obj, inv, &st).await,
+    };
     st.ctx
         .metrics
         .count_reconcile(CONTROLLER, start.elapsed().as_secs_f64());
+    if result.is_ok() {
+        st.backoff.succeeded(&key(&obj));
+    }
     result
 }
 
-fn error_policy(policy: Arc<SpreadPolicy>, err: &Error, st: Arc<State>) -> Action {
+fn error_policy(obj: Arc<Lenient<SpreadPolicy>>, err: &Error, st: Arc<State>) -> Action {
     st.ctx.metrics.count_error(CONTROLLER, err.reason());
     if matches!(err, Error::Stale) {
-        tracing::debug!(policy = %policy.name_any(), "stale copy; retrying");
+        tracing::debug!(policy = %obj.name_any(), "stale copy; retrying");
         return Action::requeue(Duration::from_millis(500));
     }
-    let failures = {
-        let mut f = st.failures.lock().expect("not poisoned");
-        let n = f.entry(key(&policy)).or_insert(0);
-        *n += 1;
-        *n
-    };
-    let delay = backoff(failures);
-    tracing::warn!(policy = %policy.name_any(), namespace = ?policy.namespace(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
+    let delay = st.backoff.failed(&key(&obj));
+    tracing::warn!(policy = %obj.name_any(), namespace = ?obj.namespace(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
 async fn set_finalizers(
-    api: &Api<SpreadPolicy>,
-    policy: &SpreadPolicy,
+    st: &State,
+    obj: &Lenient<SpreadPolicy>,
     finalizers: Vec<String>,
 ) -> Result<(), Error> {
-    finalizer::set(api, policy, finalizers)
+    let api: Api<Lenient<SpreadPolicy>> =
+        Api::namespaced(st.ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    finalizer::set(&api, obj, finalizers)
         .await
         .map_err(|e| match e {
             finalizer::Error::Stale => Error::Stale,
@@ -276,10 +326,72 @@ async fn set_finalizers(
         })
 }
 
-async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
+/// A stored policy this version cannot read. It is reported on itself and
+/// otherwise left alone (what it wrote stays, as with `suspend`), except that
+/// its deletion still takes its terms out of the workloads that carry them,
+/// so the deletion finishes. Only `deletionPolicy` and `rollout` are read from
+/// it for that, each when it decodes (else the defaults: Remove, 1 at a time).
+async fn sync_invalid(
+    obj: &Lenient<SpreadPolicy>,
+    inv: &Invalid,
+    st: &State,
+) -> Result<Action, Error> {
+    if obj.meta().deletion_timestamp.is_some() {
+        let spec = inv.raw.get("spec");
+        let field = |name: &str| spec.and_then(|s| s.get(name));
+        let stand_in = SpreadPolicy {
+            metadata: inv.metadata.clone(),
+            spec: SpreadPolicySpec {
+                deletion_policy: field("deletionPolicy")
+                    .and_then(|v| DeletionPolicy::deserialize(v).ok())
+                    .unwrap_or_default(),
+                rollout: field("rollout")
+                    .and_then(|v| RolloutPacing::deserialize(v).ok())
+                    .unwrap_or_default(),
+                ..Default::default()
+            },
+            status: None,
+        };
+        return sync(obj, &stand_in, false, st).await;
+    }
+    super::report_invalid::<Lenient<SpreadPolicy>>(
+        &st.ctx.client,
+        &st.recorder,
+        SPREAD_POLICY_MANAGER,
+        inv,
+    )
+    .await
+    .map_err(Error::ReportInvalid)?;
+    Ok(Action::await_change())
+}
+
+/// The cached Deployments and StatefulSets of `ns`.
+fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
+    st.deployments
+        .state()
+        .iter()
+        .filter(|d| d.namespace().as_deref() == Some(ns))
+        .map(|d| Workload::from_deployment(d))
+        .chain(
+            st.stateful_sets
+                .state()
+                .iter()
+                .filter(|s| s.namespace().as_deref() == Some(ns))
+                .map(|s| Workload::from_stateful_set(s)),
+        )
+        .collect()
+}
+
+/// Reconciles `policy` (the object `obj` as read, or a stand-in for one that
+/// cannot be read, whose status is then not written).
+async fn sync(
+    obj: &Lenient<SpreadPolicy>,
+    policy: &SpreadPolicy,
+    readable: bool,
+    st: &State,
+) -> Result<Action, Error> {
     let ns = policy.namespace().unwrap_or_default();
     let name = policy.name_any();
-    let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
     let deleting = policy.metadata.deletion_timestamp.is_some();
     let has_finalizer = policy.finalizers().iter().any(|f| f == FINALIZER);
     if deleting && !has_finalizer {
@@ -288,30 +400,24 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
     if !deleting && !has_finalizer {
         let mut f = policy.finalizers().to_vec();
         f.push(FINALIZER.into());
-        set_finalizers(&api, policy, f).await?;
+        set_finalizers(st, obj, f).await?;
         // The update wakes us again with the finalizer in place.
         return Ok(Action::await_change());
     }
 
-    let workloads: Vec<Workload> = st
-        .deployments
-        .state()
-        .iter()
-        .filter(|d| d.namespace().as_deref() == Some(ns.as_str()))
-        .map(|d| Workload::from_deployment(d))
-        .chain(
-            st.stateful_sets
-                .state()
-                .iter()
-                .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-                .map(|s| Workload::from_stateful_set(s)),
-        )
-        .collect();
+    let mut workloads = workloads_in(st, &ns);
+    let seen = st.tracker.lock().expect("not poisoned").observe(
+        &ns,
+        &mut workloads,
+        jiff::Timestamp::now(),
+    );
     let mut policies: Vec<Arc<SpreadPolicy>> = st
         .policies
         .state()
-        .into_iter()
+        .iter()
+        .filter_map(|p| p.ok())
         .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() != name)
+        .map(|p| Arc::new(p.clone()))
         .collect();
     policies.push(Arc::new(policy.clone()));
     let nodes: Vec<NodeInfo> = st
@@ -321,95 +427,106 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
         .map(|n| NodeInfo::from_node(n))
         .collect();
 
-    // Forget writes the cache has caught up with.
-    let unobserved: BTreeSet<(WorkloadKind, String)> = {
-        let mut written = st.written.lock().expect("not poisoned");
-        written.retain(|(wns, kind, wname), generation| {
-            let cached = match kind {
-                WorkloadKind::Deployment => st
-                    .deployments
-                    .get(&ObjectRef::new(wname).within(wns))
-                    .and_then(|d| d.metadata.generation),
-                WorkloadKind::StatefulSet => st
-                    .stateful_sets
-                    .get(&ObjectRef::new(wname).within(wns))
-                    .and_then(|s| s.metadata.generation),
-            };
-            cached.is_some_and(|c| c < *generation)
-        });
-        written
-            .keys()
-            .filter(|(wns, _, _)| *wns == ns)
-            .map(|(_, k, n)| (*k, n.clone()))
-            .collect()
-    };
-
     let plan = plan::plan(&Inputs {
         policy,
         policies: &policies,
         workloads: &workloads,
         nodes: &nodes,
-        unobserved_writes: &unobserved,
+        unobserved_writes: &seen.unobserved,
     });
+    let outcome = perform(st, policy, &plan, &workloads).await;
 
-    let mut write_errors = Vec::new();
-    let mut retry_soon = false;
-    let mut transient: Option<Error> = None;
-    for w in &plan.writes {
-        let live = workloads
-            .iter()
-            .find(|x| x.kind == w.kind && x.name == w.name);
-        let live_has_list = |group: &str, which: &str| {
-            let Some(l) = live else { return false };
-            let aff = &l.affinity;
-            match (group, which) {
-                ("podAntiAffinity", "required") => aff
-                    .pod_anti_affinity
-                    .as_ref()
-                    .and_then(|a| {
-                        a.required_during_scheduling_ignored_during_execution
-                            .as_ref()
-                    })
-                    .is_some_and(|v| !v.is_empty()),
-                ("podAntiAffinity", _) => aff
-                    .pod_anti_affinity
-                    .as_ref()
-                    .and_then(|a| {
-                        a.preferred_during_scheduling_ignored_during_execution
-                            .as_ref()
-                    })
-                    .is_some_and(|v| !v.is_empty()),
-                ("podAffinity", "required") => aff
-                    .pod_affinity
-                    .as_ref()
-                    .and_then(|a| {
-                        a.required_during_scheduling_ignored_during_execution
-                            .as_ref()
-                    })
-                    .is_some_and(|v| !v.is_empty()),
-                _ => aff
-                    .pod_affinity
-                    .as_ref()
-                    .and_then(|a| {
-                        a.preferred_during_scheduling_ignored_during_execution
-                            .as_ref()
-                    })
-                    .is_some_and(|v| !v.is_empty()),
+    if readable {
+        let new_status = status::build(policy, &plan, &outcome.rejected, jiff::Timestamp::now());
+        let old_conditions = policy
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        if policy.status.as_ref() != Some(&new_status) {
+            let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
+            apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
+                .await
+                .map_err(Error::Status)?;
+            for (warning, reason, note) in
+                status::events_for(&old_conditions, &new_status.conditions)
+            {
+                publish(st, policy, warning, reason, note).await;
             }
+        }
+    }
+    if let Some(e) = outcome.transient {
+        return Err(e);
+    }
+
+    if deleting && plan.released {
+        let f: Vec<String> = policy
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(st, obj, f).await?;
+        tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
+        return Ok(Action::await_change());
+    }
+    if outcome.retry_soon {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    // A rollout that stops progressing holds up pacing only until its bound:
+    // nothing else would wake us then.
+    if let Some(bound) = seen.next_bound.filter(|_| plan.waiting > 0) {
+        return Ok(Action::requeue(bound + Duration::from_secs(1)));
+    }
+    // Everything else wakes us through the watches: workload changes (also
+    // rollouts finishing, which frees pacing budget), node changes, policy
+    // changes.
+    Ok(Action::await_change())
+}
+
+/// What the writes of one reconcile came to.
+#[derive(Default)]
+struct Performed {
+    /// `(workload, message)` of writes the API server refused.
+    rejected: Vec<(String, String)>,
+    /// A write met a newer workload than the cache had: merge again soon.
+    retry_soon: bool,
+    transient: Option<Error>,
+}
+
+/// Makes the plan's writes, remembering the template changes for pacing.
+async fn perform(
+    st: &State,
+    policy: &SpreadPolicy,
+    plan: &plan::Plan,
+    workloads: &[Workload],
+) -> Performed {
+    let ns = policy.namespace().unwrap_or_default();
+    let name = policy.name_any();
+    let mut out = Performed::default();
+    for w in &plan.writes {
+        let Some(live) = workloads
+            .iter()
+            .find(|x| x.kind == w.kind && x.name == w.name)
+        else {
+            continue;
         };
-        let body = write::apply_body(w, &ns, live_has_list);
-        let target = format!("{:?}/{}", w.kind, w.name);
+        let body = write::body(w, &ns, live);
+        let target = w_display(w.kind, &w.name);
         let kind = format!("{:?}", w.kind);
-        match write::apply_workload(&st.ctx.client, &ns, w.kind, &w.name, &body).await {
-            Ok(generation) => {
+        tracing::debug!(policy = %name, workload = %target, generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
+        match write::write_workload(&st.ctx.client, &ns, w.kind, &w.name, &body).await {
+            Ok(done) => {
                 let outcome = if w.is_removal() { "removed" } else { "applied" };
                 st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
                 tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.merged.template_changed, "wrote workload");
-                if let (Some(g), true) = (generation, w.merged.template_changed) {
-                    st.written
-                        .lock()
-                        .expect("not poisoned")
-                        .insert((ns.clone(), w.kind, w.name.clone()), g);
+                if let (Some(g), true) = (done.generation, w.merged.template_changed) {
+                    st.tracker.lock().expect("not poisoned").wrote(
+                        (ns.clone(), w.kind, w.name.clone()),
+                        &name,
+                        done.uid,
+                        g,
+                    );
                 }
                 let (reason, note) = if w.is_removal() {
                     (
@@ -427,61 +544,35 @@ async fn sync(policy: &SpreadPolicy, st: &State) -> Result<Action, Error> {
                 };
                 publish(st, policy, false, reason, note).await;
             }
+            // Deleted since the cache read: nothing to take out or put in.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "gone");
+                out.retry_soon = true;
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 // The workload changed since the cache read: merge again.
                 st.ctx.metrics.count_write(CONTROLLER, &kind, "conflict");
-                retry_soon = true;
+                out.retry_soon = true;
             }
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
                 st.ctx.metrics.count_write(CONTROLLER, &kind, "rejected");
                 tracing::warn!(policy = %name, namespace = %ns, workload = %target, error = %s.message, "workload write rejected");
-                write_errors.push((target, s.message.clone()));
+                out.rejected.push((target, s.message.clone()));
             }
             Err(e) => {
                 st.ctx.metrics.count_write(CONTROLLER, &kind, "error");
-                transient = Some(Error::Write {
+                out.transient = Some(Error::Write {
                     workload: target,
                     source: e,
                 });
             }
         }
     }
+    out
+}
 
-    let new_status = status::build(policy, &plan, &write_errors, jiff::Timestamp::now());
-    let old_conditions = policy
-        .status
-        .as_ref()
-        .map(|s| s.conditions.clone())
-        .unwrap_or_default();
-    if policy.status.as_ref() != Some(&new_status) {
-        apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
-            .await
-            .map_err(Error::Status)?;
-        for (warning, reason, note) in status::events_for(&old_conditions, &new_status.conditions) {
-            publish(st, policy, warning, reason, note).await;
-        }
-    }
-    if let Some(e) = transient {
-        return Err(e);
-    }
-
-    if deleting && plan.released {
-        let f: Vec<String> = policy
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(&api, policy, f).await?;
-        tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
-    }
-    if retry_soon {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    // Everything else wakes us through the watches: workload changes (also
-    // rollouts finishing, which frees pacing budget), node changes, policy
-    // changes.
-    Ok(Action::await_change())
+fn w_display(kind: WorkloadKind, name: &str) -> String {
+    format!("{kind:?}/{name}")
 }
 
 async fn publish(st: &State, policy: &SpreadPolicy, warning: bool, reason: &str, note: String) {
@@ -498,17 +589,5 @@ async fn publish(st: &State, policy: &SpreadPolicy, warning: bool, reason: &str,
     };
     if let Err(e) = st.recorder.publish(&ev, &policy.object_ref(&())).await {
         tracing::warn!(error = %e, reason, "could not publish event");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_per_failure_and_is_capped() {
-        assert_eq!(backoff(1), Duration::from_secs(2));
-        assert_eq!(backoff(2), Duration::from_secs(4));
-        assert_eq!(backoff(50), Duration::from_secs(300));
     }
 }

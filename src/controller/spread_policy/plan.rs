@@ -15,9 +15,12 @@ use crate::api::spread_policy::{
 use kube::ResourceExt;
 use std::collections::BTreeSet;
 
-/// Names the policy whose terms a workload carries.
+/// Names the policy whose terms a workload carries (on the workload's metadata).
 pub const ANNOTATION_POLICY: &str = "ballast.dev/spread-policy";
-/// The record of exactly which terms ballast injected (JSON of [`Terms`]).
+/// The record of exactly which terms ballast injected (JSON of [`Terms`]), on
+/// the pod template's metadata: a template put back by `kubectl rollout undo`
+/// or a RolloutStrategy rollback brings back the record of its own terms, so
+/// record and terms never drift apart.
 pub const ANNOTATION_TERMS: &str = "ballast.dev/spread-terms";
 
 /// Per-workload states shown in `status.workloads`.
@@ -32,12 +35,25 @@ pub mod state {
     pub const ERROR: &str = "Error";
 }
 
-/// The record of what ballast injected into `w`, if any.
+/// The record of what ballast injected into `w`'s template, if any.
 pub fn recorded_terms(w: &Workload) -> Terms {
-    w.annotations
-        .get(ANNOTATION_TERMS)
+    w.record
+        .as_deref()
         .and_then(|t| serde_json::from_str(t).ok())
         .unwrap_or_default()
+}
+
+/// The record of `ours` as it is written into the template.
+pub fn record_text(ours: &Terms) -> String {
+    serde_json::to_string(ours).expect("terms serialize")
+}
+
+/// Whether the template's record says exactly `ours` (no record means none).
+fn record_matches(record: Option<&str>, ours: &Terms) -> bool {
+    match record {
+        None => ours.is_empty(),
+        Some(r) => r == record_text(ours),
+    }
 }
 
 /// One write to one workload.
@@ -128,9 +144,12 @@ pub fn plan(inp: &Inputs) -> Plan {
     }
     out.invalid = invalid_reason(policy);
 
-    let ours = |w: &Workload| w.annotations.get(ANNOTATION_POLICY) == Some(&name);
+    // A workload being deleted is written nothing and holds up nothing.
+    let ours = |w: &Workload| !w.deleting && w.annotations.get(ANNOTATION_POLICY) == Some(&name);
+    // Rolling out because of this policy: carrying its terms, or still
+    // rolling out a write of ours that took them out.
     let in_flight = |w: &Workload| {
-        ours(w)
+        (ours(w) || (!w.deleting && w.rolling_for.as_deref() == Some(name.as_str())))
             && (w.rollout == Rollout::InProgress
                 || inp.unobserved_writes.contains(&(w.kind, w.name.clone())))
     };
@@ -147,7 +166,7 @@ pub fn plan(inp: &Inputs) -> Plan {
     let mut statuses = Vec::new();
     let mut warned = BTreeSet::new();
 
-    for w in workloads {
+    for w in workloads.into_iter().filter(|w| !w.deleting) {
         let selected = !deleting && selects(policy, w);
         let governing = winner(inp.policies, w);
         let is_winner = selected && governing.is_some_and(|g| g.name_any() == name);
@@ -158,7 +177,7 @@ pub fn plan(inp: &Inputs) -> Plan {
             message,
         };
         if selected {
-            out.matched += 1;
+            out.matched = out.matched.saturating_add(1);
         }
 
         if selected && !is_winner {
@@ -219,27 +238,21 @@ pub fn plan(inp: &Inputs) -> Plan {
         }
 
         let recorded = recorded_terms(w);
-        let merged = merge(w, &recorded, &desired);
-        let record_ok = match &owner {
-            Some(o) => {
-                w.annotations.get(ANNOTATION_POLICY) == Some(o)
-                    && w.annotations.get(ANNOTATION_TERMS)
-                        == Some(&serde_json::to_string(&merged.ours).unwrap_or_default())
-            }
-            None => {
-                !w.annotations.contains_key(ANNOTATION_POLICY)
-                    && !w.annotations.contains_key(ANNOTATION_TERMS)
-            }
-        };
+        let mut merged = merge(w, &recorded, &desired);
+        // The record lives in the template: a different record is a template change too.
+        merged.template_changed |= !record_matches(w.record.as_deref(), &merged.ours);
+        let record_ok = w.annotations.get(ANNOTATION_POLICY) == owner.as_ref();
         let skipped = (!merged.skipped.is_empty()).then(|| merged.skipped.join("; "));
         if !merged.template_changed && record_ok {
             if is_winner {
-                out.applied += 1;
+                out.applied = out.applied.saturating_add(1);
                 statuses.push(status(state::APPLIED, skipped));
             }
             continue;
         }
-        if policy.spec.suspend {
+        // Suspend keeps what is written; deleting the policy (with Remove)
+        // still takes its terms out, or the deletion would never finish.
+        if policy.spec.suspend && !deleting {
             if is_winner {
                 if merged.template_changed {
                     statuses.push(status(
@@ -247,7 +260,7 @@ pub fn plan(inp: &Inputs) -> Plan {
                         Some("suspended: terms not written".into()),
                     ));
                 } else {
-                    out.applied += 1;
+                    out.applied = out.applied.saturating_add(1);
                     statuses.push(status(state::APPLIED, skipped));
                 }
             }
@@ -261,7 +274,11 @@ pub fn plan(inp: &Inputs) -> Plan {
             ));
             continue;
         }
-        if merged.template_changed {
+        // A workload already rolling out because of this policy is counted
+        // already: writing it again adds no rollout, and it must never wait
+        // for itself (a removal from a workload stuck in its own rollout
+        // would otherwise hold up the deletion for the whole bound).
+        if merged.template_changed && !in_flight(w) {
             if budget == 0 {
                 out.waiting += 1;
                 statuses.push(status(
@@ -275,8 +292,8 @@ pub fn plan(inp: &Inputs) -> Plan {
             }
             budget -= 1;
         } else if is_winner {
-            // Only the record changes: the template already has our terms.
-            out.applied += 1;
+            // Only the owner annotation changes: the template already has our terms.
+            out.applied = out.applied.saturating_add(1);
         }
         let removal = owner.is_none();
         statuses.push(status(
@@ -303,4 +320,191 @@ pub fn plan(inp: &Inputs) -> Plan {
     statuses.truncate(MAX_WORKLOAD_STATUSES);
     out.workloads = statuses;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::spread_policy::workload::Rollout;
+    use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn policy(extra: serde_json::Value) -> SpreadPolicy {
+        let mut spec = json!({"selector": {"matchLabels": {"tier": "web"}},
+            "spread": [{"topologyKey": "zone", "mode": "Required"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let mut p: SpreadPolicy = serde_json::from_value(json!({
+            "apiVersion": "ballast.dev/v1alpha1", "kind": "SpreadPolicy",
+            "metadata": {"name": "web-ha", "namespace": "shop"}, "spec": spec,
+        }))
+        .unwrap();
+        p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(100).unwrap()));
+        p
+    }
+
+    fn deleting(mut p: SpreadPolicy) -> SpreadPolicy {
+        p.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(200).unwrap()));
+        p
+    }
+
+    fn web(name: &str) -> Workload {
+        Workload {
+            kind: WorkloadKind::Deployment,
+            name: name.into(),
+            namespace: "shop".into(),
+            labels: [("tier".to_string(), "web".to_string())].into(),
+            selector: serde_json::from_value(json!({"matchLabels": {"app": name}})).unwrap(),
+            replicas: 3,
+            resource_version: Some("1".into()),
+            ..Default::default()
+        }
+    }
+
+    /// `w` as it is once `p`'s terms are written into it.
+    fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
+        let terms = desired_terms(&p.spec, w.kind, &w.selector);
+        let m = merge(&w, &Terms::default(), &terms);
+        w.affinity.pod_anti_affinity = Some(k8s_openapi::api::core::v1::PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(m.anti_affinity_required),
+            ..Default::default()
+        });
+        w.record = Some(record_text(&m.ours));
+        w.annotations.insert(ANNOTATION_POLICY.into(), p.name_any());
+        w
+    }
+
+    fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
+        plan(&Inputs {
+            policy: p,
+            policies: &[Arc::new(p.clone())],
+            workloads: ws,
+            nodes: &[],
+            unobserved_writes: &BTreeSet::new(),
+        })
+    }
+
+    #[test]
+    fn a_converged_workload_needs_no_write() {
+        let p = policy(json!({}));
+        let out = run(&p, &[carrying(&p, web("a"))]);
+        assert!(out.writes.is_empty(), "{:?}", out.writes);
+        assert_eq!(out.applied, 1);
+    }
+
+    #[test]
+    fn deleting_a_suspended_policy_still_takes_its_terms_out() {
+        let p = policy(json!({"suspend": true}));
+        let ws = [carrying(&p, web("a"))];
+        assert!(run(&p, &ws).writes.is_empty(), "suspended: nothing new");
+        let out = run(&deleting(p), &ws);
+        assert_eq!(out.writes.len(), 1);
+        assert!(out.writes[0].is_removal());
+        assert!(out.writes[0].merged.anti_affinity_required.is_empty());
+        assert!(!out.released, "released once the removal is seen");
+    }
+
+    #[test]
+    fn an_unhealthy_workload_whose_rollout_completed_does_not_hold_up_pacing() {
+        let p = policy(json!({}));
+        let mut a = carrying(&p, web("a"));
+        a.rollout = Rollout::Complete; // 2 of 5 Pending, rollout done
+        let out = run(&p, &[a.clone(), web("b")]);
+        assert_eq!(out.in_flight, 0);
+        assert_eq!(out.writes.len(), 1);
+        // A paused one with a new template is in flight; past its bound it is Stalled.
+        a.rollout = Rollout::InProgress;
+        let out = run(&p, &[a.clone(), web("b")]);
+        assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
+        a.rollout = Rollout::Stalled;
+        assert_eq!(run(&p, &[a, web("b")]).writes.len(), 1);
+    }
+
+    #[test]
+    fn a_workload_in_flight_is_not_held_up_by_itself() {
+        // Stuck in its own rollout (5 replicas, 3 zones, from the start): the
+        // policy's deletion takes the terms out at once.
+        let p = policy(json!({}));
+        let mut stuck = carrying(&p, web("a"));
+        stuck.rollout = Rollout::InProgress;
+        let out = run(
+            &deleting(p.clone()),
+            &[stuck.clone(), carrying(&p, web("b"))],
+        );
+        assert_eq!(out.writes.len(), 1, "{:?}", out.workloads);
+        assert_eq!(out.writes[0].name, "a");
+        assert_eq!(out.waiting, 1, "b waits for a");
+    }
+
+    #[test]
+    fn a_removal_still_rolling_out_counts_against_max_concurrent() {
+        let p = deleting(policy(json!({})));
+        let mut gone = web("a");
+        gone.rollout = Rollout::InProgress;
+        gone.rolling_for = Some("web-ha".into());
+        let out = run(&p, &[gone, carrying(&p, web("b"))]);
+        assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
+    }
+
+    #[test]
+    fn a_workload_being_deleted_is_not_written_and_does_not_hold_up_deletion() {
+        let p = policy(json!({}));
+        let mut w = carrying(&p, web("a"));
+        w.deleting = true;
+        w.rollout = Rollout::InProgress;
+        let out = run(&deleting(p), &[w]);
+        assert!(out.writes.is_empty());
+        assert!(out.released);
+    }
+
+    #[test]
+    fn a_template_put_back_with_its_own_record_is_brought_to_the_policy_once() {
+        // Policy v1 wrote a zone term; v2 wants host instead. `kubectl rollout
+        // undo` put the v1 template back, record and all.
+        let v1 = policy(json!({}));
+        let v2 = policy(json!({"spread": [{"topologyKey": "host", "mode": "Required"}]}));
+        let mut user = web("a");
+        user.affinity = serde_json::from_value(json!({"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": "host"}]}}))
+        .unwrap();
+        let undone = carrying(&v1, user.clone());
+        let out = run(&v2, &[undone]);
+        let w = &out.writes[0];
+        let keys: Vec<&str> = w
+            .merged
+            .anti_affinity_required
+            .iter()
+            .map(|t| t.topology_key.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            ["host", "host"],
+            "the user's term, then v2's; v1's gone"
+        );
+        assert_eq!(
+            w.merged.anti_affinity_required[0],
+            user.affinity
+                .pod_anti_affinity
+                .unwrap()
+                .required_during_scheduling_ignored_during_execution
+                .unwrap()[0]
+        );
+        assert!(w.merged.template_changed);
+    }
+
+    #[test]
+    fn a_record_that_differs_from_the_template_terms_is_a_template_change() {
+        let p = policy(json!({}));
+        let mut w = carrying(&p, web("a"));
+        w.record = None; // someone dropped the record: the terms become the user's
+        let out = run(&p, &[w.clone()]);
+        assert!(out.writes.is_empty(), "{:?}", out.writes);
+        w.record = Some("{\"antiAffinityRequired\":[]}".into());
+        let out = run(&p, &[w]);
+        assert!(out.writes[0].merged.template_changed);
+    }
 }

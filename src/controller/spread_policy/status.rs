@@ -60,7 +60,9 @@ pub fn build(
     let old = policy.status.clone().unwrap_or_default();
     let mut conditions: Vec<Condition> = old.conditions.clone();
     let deleting = policy.metadata.deletion_timestamp.is_some();
-    let governed = plan.matched - plan.conflicts.len() as i32;
+    let governed = plan
+        .matched
+        .saturating_sub(i32::try_from(plan.conflicts.len()).unwrap_or(i32::MAX));
 
     let (ready, ready_reason, ready_msg) = if let Some(invalid) = &plan.invalid {
         (Status::False, reason::INVALID_SPEC, invalid.clone())

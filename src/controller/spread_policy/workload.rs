@@ -1,25 +1,53 @@
 //! A Deployment or StatefulSet as the SpreadPolicy controller sees it: only
 //! the fields its decisions need, extracted once from the cached object.
+//!
+//! Whether a workload is rolling out decides pacing, so it follows what the
+//! workload's own controller says rather than its health: a rollout is under
+//! way until every replica runs the current template (paused ones included,
+//! since a paused Deployment with a new template has not rolled it out). A
+//! workload that completed its rollout and lost availability afterwards (a
+//! scale-up into an infeasible spread, crashing pods) is not rolling out.
 
+use super::plan::ANNOTATION_TERMS;
 use crate::api::spread_policy::WorkloadKind;
+use jiff::Timestamp;
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::{Affinity, PodSpec, Toleration, TopologySpreadConstraint},
+    core::v1::{Affinity, PodSpec, PodTemplateSpec, Toleration, TopologySpreadConstraint},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
+
+/// How long a workload may go without progress and still count as rolling
+/// out when it names no progress deadline of its own (StatefulSets; the
+/// Deployment default is the same).
+pub const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
+/// The longest a workload counts as rolling out without progress, whatever
+/// its `progressDeadlineSeconds` (which may be "never"): every wait has a bound.
+pub const MAX_PROGRESS_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// Added to a workload's own deadline before it stops counting as rolling
+/// out, so that its controller has said so first (`ProgressDeadlineExceeded`)
+/// and anyone watching both never sees ballast move on while the workload
+/// still claims to be progressing.
+pub const BOUND_GRACE: Duration = Duration::from_secs(5);
+
+/// The Deployment condition reason that says its latest rollout completed.
+const NEW_RS_AVAILABLE: &str = "NewReplicaSetAvailable";
 
 /// Whether a workload is rolling out right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Rollout {
-    /// Every replica runs the current template.
+    /// Every replica runs the current template (whether or not all are available).
     #[default]
     Complete,
-    /// The controller has not caught up, or old pods are still being replaced.
+    /// The controller has not caught up, old pods are still being replaced,
+    /// or a paused Deployment has a template it has not rolled out yet.
     InProgress,
-    /// The rollout cannot move on its own: paused, past its progress
-    /// deadline, or an `OnDelete` StatefulSet.
+    /// The rollout is not moving on its own: past its progress deadline, an
+    /// `OnDelete` StatefulSet, or without progress for longer than ballast
+    /// waits (see [`bound`]).
     Stalled,
 }
 
@@ -28,8 +56,17 @@ pub struct Workload {
     pub kind: WorkloadKind,
     pub name: String,
     pub namespace: String,
+    pub uid: Option<String>,
+    pub generation: Option<i64>,
+    /// Being deleted: nothing is written to it and it holds up nothing.
+    pub deleting: bool,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The record of ballast's terms in the pod template (`ballast.dev/spread-terms`
+    /// on `spec.template.metadata`): it travels with the template through
+    /// `kubectl rollout undo` and rollbacks, so it always describes the terms
+    /// of the template it sits in.
+    pub record: Option<String>,
     pub resource_version: Option<String>,
     pub selector: LabelSelector,
     pub replicas: i32,
@@ -38,6 +75,15 @@ pub struct Workload {
     pub tolerations: Vec<Toleration>,
     pub node_selector: BTreeMap<String, String>,
     pub rollout: Rollout,
+    /// The last progress the workload's controller reported (a Deployment's
+    /// `Progressing` condition), once it has observed the current generation.
+    pub progress_at: Option<Timestamp>,
+    /// How long without progress the rollout still counts as under way.
+    pub progress_deadline: Duration,
+    /// The policy whose template write this workload is still rolling out,
+    /// when ballast knows (set by the controller from its own writes; a
+    /// removal leaves no annotation behind to tell).
+    pub rolling_for: Option<String>,
 }
 
 impl Workload {
@@ -46,33 +92,54 @@ impl Workload {
         format!("{:?}/{}", self.kind, self.name)
     }
 
-    fn with_pod_spec(mut self, spec: Option<&PodSpec>) -> Self {
-        if let Some(s) = spec {
-            self.affinity = s.affinity.clone().unwrap_or_default();
-            self.topology_spread_constraints =
-                s.topology_spread_constraints.clone().unwrap_or_default();
-            self.tolerations = s.tolerations.clone().unwrap_or_default();
-            self.node_selector = s.node_selector.clone().unwrap_or_default();
+    fn with_template(mut self, template: Option<&PodTemplateSpec>) -> Self {
+        let Some(t) = template else { return self };
+        self.record = t
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(ANNOTATION_TERMS))
+            .cloned();
+        if let Some(s) = t.spec.as_ref() {
+            self = self.with_pod_spec(s);
         }
+        self
+    }
+
+    fn with_pod_spec(mut self, s: &PodSpec) -> Self {
+        self.affinity = s.affinity.clone().unwrap_or_default();
+        self.topology_spread_constraints =
+            s.topology_spread_constraints.clone().unwrap_or_default();
+        self.tolerations = s.tolerations.clone().unwrap_or_default();
+        self.node_selector = s.node_selector.clone().unwrap_or_default();
         self
     }
 
     pub fn from_deployment(d: &Deployment) -> Self {
         let spec = d.spec.as_ref();
         let replicas = spec.and_then(|s| s.replicas).unwrap_or(1);
+        let deadline = spec
+            .and_then(|s| s.progress_deadline_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(DEFAULT_PROGRESS_DEADLINE, Duration::from_secs);
         let base = Workload {
             kind: WorkloadKind::Deployment,
             name: d.name_any(),
             namespace: d.namespace().unwrap_or_default(),
+            uid: d.uid(),
+            generation: d.metadata.generation,
+            deleting: d.metadata.deletion_timestamp.is_some(),
             labels: d.labels().clone(),
             annotations: d.annotations().clone(),
             resource_version: d.resource_version(),
             selector: spec.map(|s| s.selector.clone()).unwrap_or_default(),
             replicas,
             rollout: deployment_rollout(d),
+            progress_at: deployment_progress_at(d),
+            progress_deadline: deadline.min(MAX_PROGRESS_DEADLINE),
             ..Default::default()
         };
-        base.with_pod_spec(spec.and_then(|s| s.template.spec.as_ref()))
+        base.with_template(spec.map(|s| &s.template))
     }
 
     pub fn from_stateful_set(s: &StatefulSet) -> Self {
@@ -81,56 +148,92 @@ impl Workload {
             kind: WorkloadKind::StatefulSet,
             name: s.name_any(),
             namespace: s.namespace().unwrap_or_default(),
+            uid: s.uid(),
+            generation: s.metadata.generation,
+            deleting: s.metadata.deletion_timestamp.is_some(),
             labels: s.labels().clone(),
             annotations: s.annotations().clone(),
             resource_version: s.resource_version(),
             selector: spec.map(|s| s.selector.clone()).unwrap_or_default(),
             replicas: spec.and_then(|s| s.replicas).unwrap_or(1),
             rollout: stateful_set_rollout(s),
+            progress_deadline: DEFAULT_PROGRESS_DEADLINE,
             ..Default::default()
         };
-        base.with_pod_spec(spec.and_then(|s| s.template.spec.as_ref()))
+        base.with_template(spec.map(|s| &s.template))
     }
 }
 
-/// `kubectl rollout status` semantics for a Deployment.
+fn observed_current(generation: Option<i64>, observed: Option<i64>) -> bool {
+    observed.unwrap_or(0) >= generation.unwrap_or(0)
+}
+
+/// When the Deployment's controller last saw progress (or paused or resumed
+/// it): the `lastUpdateTime` of its `Progressing` condition, once the status
+/// describes the current generation (before that it describes the last rollout).
+fn deployment_progress_at(d: &Deployment) -> Option<Timestamp> {
+    let status = d.status.as_ref()?;
+    if !observed_current(d.metadata.generation, status.observed_generation) {
+        return None;
+    }
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Progressing")
+        .and_then(|c| c.last_update_time.as_ref())
+        .map(|t| t.0)
+}
+
+/// Whether a Deployment is rolling out: `kubectl rollout status`, except that
+/// a paused Deployment with a template it has not rolled out is rolling out
+/// (a RolloutStrategy holds it paused while its hooks run), and a rollout that
+/// completed does not start again when pods become unavailable later.
 pub fn deployment_rollout(d: &Deployment) -> Rollout {
     let Some(spec) = &d.spec else {
         return Rollout::Complete;
     };
     let status = d.status.clone().unwrap_or_default();
-    if status.observed_generation.unwrap_or(0) < d.metadata.generation.unwrap_or(0) {
+    if !observed_current(d.metadata.generation, status.observed_generation) {
         return Rollout::InProgress;
     }
-    if spec.paused == Some(true) {
-        return Rollout::Stalled;
-    }
-    let deadline_exceeded = status.conditions.iter().flatten().any(|c| {
-        c.type_ == "Progressing"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-    });
-    if deadline_exceeded {
+    let progressing = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Progressing");
+    if progressing.is_some_and(|c| {
+        c.status == "False" && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    }) {
         return Rollout::Stalled;
     }
     let want = spec.replicas.unwrap_or(1);
     let updated = status.updated_replicas.unwrap_or(0);
     let total = status.replicas.unwrap_or(0);
     let available = status.available_replicas.unwrap_or(0);
-    if updated < want || total > updated || available < updated {
+    if updated < want || total > updated {
+        return Rollout::InProgress;
+    }
+    // Every replica runs the current template. The Deployment controller
+    // says `NewReplicaSetAvailable` once that rollout completed, and keeps
+    // saying it when pods become unavailable later: that is not a rollout.
+    let completed = progressing.is_some_and(|c| c.reason.as_deref() == Some(NEW_RS_AVAILABLE));
+    if available < updated && !completed {
         Rollout::InProgress
     } else {
         Rollout::Complete
     }
 }
 
-/// `kubectl rollout status` semantics for a StatefulSet.
+/// Whether a StatefulSet is rolling out. Its controller moves
+/// `currentRevision` to `updateRevision` once every replica is updated and
+/// ready; after that, a replica that stops being ready is not a rollout.
 pub fn stateful_set_rollout(s: &StatefulSet) -> Rollout {
     let Some(spec) = &s.spec else {
         return Rollout::Complete;
     };
     let status = s.status.clone().unwrap_or_default();
-    if status.observed_generation.unwrap_or(0) < s.metadata.generation.unwrap_or(0) {
+    if !observed_current(s.metadata.generation, status.observed_generation) {
         return Rollout::InProgress;
     }
     let strategy = spec.update_strategy.as_ref();
@@ -145,7 +248,7 @@ pub fn stateful_set_rollout(s: &StatefulSet) -> Rollout {
     let updated = status.updated_replicas.unwrap_or(0);
     let ready = status.ready_replicas.unwrap_or(0);
     if partition > 0 {
-        return if updated >= want - partition && ready >= want {
+        return if updated >= want.saturating_sub(partition) && ready >= want {
             Rollout::Complete
         } else {
             Rollout::InProgress
@@ -153,12 +256,31 @@ pub fn stateful_set_rollout(s: &StatefulSet) -> Rollout {
     }
     if status.update_revision.is_some() && status.current_revision != status.update_revision
         || updated < want
-        || ready < want
     {
         Rollout::InProgress
     } else {
         Rollout::Complete
     }
+}
+
+/// Bounds how long `w` counts as rolling out: at most its progress deadline
+/// (plus [`BOUND_GRACE`]) past the later of its last reported progress and
+/// `first_seen` (when the controller first saw this rollout under way). Past that, the rollout is
+/// [`Rollout::Stalled`] and holds up nothing. Returns how long until that
+/// happens, while it is still ahead. Pure: the caller supplies the clock.
+pub fn bound(w: &mut Workload, first_seen: Timestamp, now: Timestamp) -> Option<Duration> {
+    if w.rollout != Rollout::InProgress {
+        return None;
+    }
+    let since = w.progress_at.map_or(first_seen, |p| p.max(first_seen));
+    let deadline = jiff::SignedDuration::try_from(w.progress_deadline + BOUND_GRACE)
+        .unwrap_or(jiff::SignedDuration::MAX);
+    let until = since.checked_add(deadline).unwrap_or(Timestamp::MAX);
+    if now >= until {
+        w.rollout = Rollout::Stalled;
+        return None;
+    }
+    Duration::try_from(until.duration_since(now)).ok()
 }
 
 #[cfg(test)]
@@ -211,5 +333,137 @@ mod tests {
             2,
         );
         assert_eq!(deployment_rollout(&d), Rollout::Stalled);
+    }
+
+    fn paused(mut d: Deployment) -> Deployment {
+        d.spec.as_mut().unwrap().paused = Some(true);
+        d
+    }
+
+    fn progressing(reason: &str, at: &str) -> serde_json::Value {
+        json!([{"type": "Progressing", "status": "True", "reason": reason, "lastUpdateTime": at}])
+    }
+
+    #[test]
+    fn a_paused_deployment_with_a_template_not_rolled_out_is_rolling() {
+        // What a RolloutStrategy's gate leaves while the pre hooks run: the
+        // new template has no ReplicaSet yet.
+        let d = paused(deployment(
+            json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 0, "availableReplicas": 3,
+                   "conditions": [{"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused"}]}),
+            2,
+        ));
+        assert_eq!(deployment_rollout(&d), Rollout::InProgress);
+    }
+
+    #[test]
+    fn a_paused_deployment_at_rest_is_complete() {
+        let d = paused(deployment(
+            json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}),
+            2,
+        ));
+        assert_eq!(deployment_rollout(&d), Rollout::Complete);
+    }
+
+    #[test]
+    fn a_completed_rollout_that_lost_availability_is_not_rolling() {
+        // Scaled from 3 to 5 into a required spread over 3 zones: 2 Pending.
+        let d = deployment(
+            json!({"observedGeneration": 3, "replicas": 5, "updatedReplicas": 5, "availableReplicas": 3,
+                   "conditions": progressing("NewReplicaSetAvailable", "2026-01-01T00:00:00Z")}),
+            3,
+        );
+        let mut d = d;
+        d.spec.as_mut().unwrap().replicas = Some(5);
+        assert_eq!(deployment_rollout(&d), Rollout::Complete);
+        // The same counts while the last new pods are still starting are a rollout.
+        let mut starting = d.clone();
+        starting.status.as_mut().unwrap().conditions =
+            serde_json::from_value(progressing("ReplicaSetUpdated", "2026-01-01T00:00:00Z"))
+                .unwrap();
+        assert_eq!(deployment_rollout(&starting), Rollout::InProgress);
+    }
+
+    #[test]
+    fn progress_is_read_only_once_the_current_generation_is_observed() {
+        let cond = progressing("ReplicaSetUpdated", "2026-01-01T00:10:00Z");
+        let d = deployment(json!({"observedGeneration": 2, "conditions": cond}), 2);
+        assert_eq!(
+            deployment_progress_at(&d),
+            Some("2026-01-01T00:10:00Z".parse().unwrap())
+        );
+        let behind = deployment(json!({"observedGeneration": 1, "conditions": cond}), 2);
+        assert_eq!(deployment_progress_at(&behind), None);
+    }
+
+    fn rolling(progress_at: Option<&str>) -> Workload {
+        Workload {
+            rollout: Rollout::InProgress,
+            progress_at: progress_at.map(|t| t.parse().unwrap()),
+            progress_deadline: Duration::from_secs(600),
+            ..Default::default()
+        }
+    }
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_rollout_without_progress_stops_counting_after_its_deadline() {
+        let first = t("2026-01-01T00:00:00Z");
+        let mut w = rolling(None);
+        assert_eq!(
+            bound(&mut w, first, t("2026-01-01T00:09:00Z")),
+            Some(Duration::from_secs(65))
+        );
+        assert_eq!(w.rollout, Rollout::InProgress);
+        assert_eq!(bound(&mut w, first, t("2026-01-01T00:10:05Z")), None);
+        assert_eq!(w.rollout, Rollout::Stalled);
+    }
+
+    #[test]
+    fn reported_progress_extends_the_bound_and_an_old_one_does_not_shorten_it() {
+        let first = t("2026-01-01T00:00:00Z");
+        let mut moving = rolling(Some("2026-01-01T00:08:00Z"));
+        assert_eq!(
+            bound(&mut moving, first, t("2026-01-01T00:12:00Z")),
+            Some(Duration::from_secs(365))
+        );
+        // A Deployment paused days ago: its condition is old, the wait starts
+        // when the controller first saw the rollout.
+        let mut old = rolling(Some("2025-06-01T00:00:00Z"));
+        assert!(bound(&mut old, first, t("2026-01-01T00:01:00Z")).is_some());
+        assert_eq!(old.rollout, Rollout::InProgress);
+    }
+
+    #[test]
+    fn the_progress_deadline_is_capped() {
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "generation": 1},
+            "spec": {"progressDeadlineSeconds": i32::MAX, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"annotations": {"ballast.dev/spread-terms": "{}"}},
+                                  "spec": {"containers": []}}},
+        }))
+        .unwrap();
+        let w = Workload::from_deployment(&d);
+        assert_eq!(w.progress_deadline, MAX_PROGRESS_DEADLINE);
+        assert_eq!(w.record.as_deref(), Some("{}"));
+    }
+
+    #[test]
+    fn a_stateful_set_that_completed_and_lost_a_ready_replica_is_not_rolling() {
+        let s: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "shop", "generation": 2},
+            "spec": {"replicas": 3, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                     "template": {"spec": {"containers": []}}},
+            "status": {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "readyReplicas": 2,
+                       "currentRevision": "db-2", "updateRevision": "db-2"},
+        }))
+        .unwrap();
+        assert_eq!(stateful_set_rollout(&s), Rollout::Complete);
+        let mut rolling = s.clone();
+        rolling.status.as_mut().unwrap().current_revision = Some("db-1".into());
+        assert_eq!(stateful_set_rollout(&rolling), Rollout::InProgress);
     }
 }

@@ -1,0 +1,230 @@
+//! What the controller remembers between reconciles about rollouts, so that
+//! pacing counts them right and every wait has a bound:
+//!
+//! - the template writes it made, until the cache shows them and their
+//!   rollouts are over. A write the cache has not caught up with must not be
+//!   made twice, and a removal's rollout still counts against the policy's
+//!   `maxConcurrent` although it left no annotation on the workload to say so.
+//!   An entry is tied to the workload's UID: a workload deleted and created
+//!   again under the same name is a new one and inherits nothing.
+//! - when each rollout under way was first seen, which bounds how long a
+//!   rollout without progress holds up the others (see [`workload::bound`]).
+//!
+//! Kept in memory only: after a restart the bounds start again, which only
+//! ever waits longer, never writes more. Pure apart from the clock the caller
+//! passes in.
+
+use super::workload::{self, Rollout, Workload};
+use crate::api::spread_policy::WorkloadKind;
+use jiff::Timestamp;
+use std::{
+    collections::{BTreeSet, HashMap},
+    time::Duration,
+};
+
+/// A workload: namespace, kind, name.
+pub type Key = (String, WorkloadKind, String);
+
+/// One template write of ours.
+#[derive(Clone, Debug, PartialEq)]
+struct Written {
+    policy: String,
+    uid: Option<String>,
+    generation: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct Tracker {
+    writes: HashMap<Key, Written>,
+    rolling_since: HashMap<Key, Timestamp>,
+}
+
+/// What the tracker tells one reconcile about a namespace.
+#[derive(Debug, Default, PartialEq)]
+pub struct Seen {
+    /// Workloads whose last write by us the cache has not caught up with.
+    pub unobserved: BTreeSet<(WorkloadKind, String)>,
+    /// The soonest a rollout under way stops counting (stops holding up pacing).
+    pub next_bound: Option<Duration>,
+}
+
+impl Tracker {
+    /// Records a template write of `policy` that produced `generation`.
+    pub fn wrote(&mut self, key: Key, policy: &str, uid: Option<String>, generation: i64) {
+        self.writes.insert(
+            key,
+            Written {
+                policy: policy.to_string(),
+                uid,
+                generation,
+            },
+        );
+    }
+
+    /// The policy whose write `key` is still rolling out, if any: a change of
+    /// that workload must wake the policy even when the write took its owner
+    /// annotation away (its rollout ending frees the policy's pacing budget).
+    pub fn rolling_for(&self, key: &Key) -> Option<&str> {
+        self.writes.get(key).map(|w| w.policy.as_str())
+    }
+
+    /// Brings the memory up to date with the cached `workloads` of `ns` and
+    /// marks them: rollouts without progress for longer than their bound
+    /// become [`Rollout::Stalled`], and a workload still rolling out a write
+    /// of ours names the policy in [`Workload::rolling_for`].
+    pub fn observe(&mut self, ns: &str, workloads: &mut [Workload], now: Timestamp) -> Seen {
+        let mut seen = Seen::default();
+        let present: BTreeSet<(WorkloadKind, &str)> = workloads
+            .iter()
+            .map(|w| (w.kind, w.name.as_str()))
+            .collect();
+        // Workloads that are gone hold nothing up.
+        let gone = |k: &Key| k.0 == ns && !present.contains(&(k.1, k.2.as_str()));
+        self.writes.retain(|k, _| !gone(k));
+        self.rolling_since.retain(|k, _| !gone(k));
+
+        for w in workloads.iter_mut() {
+            let key: Key = (ns.to_string(), w.kind, w.name.clone());
+            if w.rollout == Rollout::InProgress && !w.deleting {
+                let first = *self.rolling_since.entry(key.clone()).or_insert(now);
+                if let Some(left) = workload::bound(w, first, now) {
+                    seen.next_bound = Some(seen.next_bound.map_or(left, |n| n.min(left)));
+                }
+            } else {
+                self.rolling_since.remove(&key);
+            }
+            let Some(written) = self.writes.get(&key) else {
+                continue;
+            };
+            let replaced = written.uid.is_some() && w.uid.is_some() && written.uid != w.uid;
+            if replaced || w.deleting {
+                self.writes.remove(&key);
+                continue;
+            }
+            if w.generation.unwrap_or(0) < written.generation {
+                seen.unobserved.insert((w.kind, w.name.clone()));
+                w.rolling_for = Some(written.policy.clone());
+            } else if w.rollout == Rollout::InProgress {
+                w.rolling_for = Some(written.policy.clone());
+            } else {
+                self.writes.remove(&key);
+            }
+        }
+        seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn web(generation: i64, uid: &str, rollout: Rollout) -> Workload {
+        Workload {
+            kind: WorkloadKind::Deployment,
+            name: "web".into(),
+            namespace: "shop".into(),
+            uid: Some(uid.into()),
+            generation: Some(generation),
+            rollout,
+            progress_deadline: Duration::from_secs(600),
+            ..Default::default()
+        }
+    }
+
+    fn key() -> Key {
+        ("shop".into(), WorkloadKind::Deployment, "web".into())
+    }
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    const T0: &str = "2026-01-01T00:00:00Z";
+
+    #[test]
+    fn a_write_is_unobserved_until_the_cache_has_it_then_rolls_until_complete() {
+        let mut tr = Tracker::default();
+        tr.wrote(key(), "web-ha", Some("u1".into()), 2);
+        let mut ws = [web(1, "u1", Rollout::Complete)];
+        let seen = tr.observe("shop", &mut ws, t(T0));
+        assert!(
+            seen.unobserved
+                .contains(&(WorkloadKind::Deployment, "web".into()))
+        );
+        assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
+
+        let mut ws = [web(2, "u1", Rollout::InProgress)];
+        let seen = tr.observe("shop", &mut ws, t(T0));
+        assert!(seen.unobserved.is_empty());
+        assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
+        assert_eq!(seen.next_bound, Some(Duration::from_secs(605)));
+
+        let mut ws = [web(2, "u1", Rollout::Complete)];
+        tr.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rolling_for, None);
+        let mut ws = [web(2, "u1", Rollout::InProgress)];
+        tr.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rolling_for, None, "forgotten once complete");
+    }
+
+    #[test]
+    fn a_removal_is_remembered_for_waking_its_policy_until_its_rollout_ends() {
+        let mut tr = Tracker::default();
+        tr.wrote(key(), "web-ha", Some("u1".into()), 2);
+        assert_eq!(tr.rolling_for(&key()), Some("web-ha"));
+        tr.observe("shop", &mut [web(2, "u1", Rollout::Complete)], t(T0));
+        assert_eq!(tr.rolling_for(&key()), None);
+    }
+
+    #[test]
+    fn a_workload_created_again_under_the_same_name_inherits_nothing() {
+        let mut tr = Tracker::default();
+        tr.wrote(key(), "web-ha", Some("u1".into()), 5);
+        // The new object starts at generation 1, below the old write's.
+        let mut ws = [web(1, "u2", Rollout::InProgress)];
+        let seen = tr.observe("shop", &mut ws, t(T0));
+        assert!(seen.unobserved.is_empty());
+        assert_eq!(ws[0].rolling_for, None);
+    }
+
+    #[test]
+    fn a_deleted_workload_is_forgotten() {
+        let mut tr = Tracker::default();
+        tr.wrote(key(), "web-ha", Some("u1".into()), 5);
+        tr.observe("shop", &mut [], t(T0));
+        let mut ws = [web(1, "u1", Rollout::Complete)];
+        assert!(tr.observe("shop", &mut ws, t(T0)).unobserved.is_empty());
+    }
+
+    #[test]
+    fn a_rollout_stops_counting_its_deadline_after_it_was_first_seen() {
+        let mut tr = Tracker::default();
+        let mut ws = [web(2, "u1", Rollout::InProgress)];
+        tr.observe("shop", &mut ws, t(T0));
+        let mut ws = [web(2, "u1", Rollout::InProgress)];
+        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:04Z"));
+        assert_eq!(seen.next_bound, Some(Duration::from_secs(1)));
+        let mut ws = [web(2, "u1", Rollout::InProgress)];
+        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:05Z"));
+        assert_eq!(ws[0].rollout, Rollout::Stalled);
+        assert_eq!(seen.next_bound, None);
+        // Completing and starting again starts a new bound.
+        tr.observe(
+            "shop",
+            &mut [web(3, "u1", Rollout::Complete)],
+            t("2026-01-01T00:11:00Z"),
+        );
+        let mut ws = [web(4, "u1", Rollout::InProgress)];
+        tr.observe("shop", &mut ws, t("2026-01-01T00:12:00Z"));
+        assert_eq!(ws[0].rollout, Rollout::InProgress);
+    }
+
+    #[test]
+    fn other_namespaces_are_left_alone() {
+        let mut tr = Tracker::default();
+        tr.wrote(key(), "web-ha", Some("u1".into()), 5);
+        tr.observe("other", &mut [], t(T0));
+        let mut ws = [web(1, "u1", Rollout::Complete)];
+        assert!(!tr.observe("shop", &mut ws, t(T0)).unobserved.is_empty());
+    }
+}
