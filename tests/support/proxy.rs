@@ -273,6 +273,17 @@ impl FaultProxy {
         self.lock().watch_delay = Some((delay, Instant::now() + period));
     }
 
+    /// Cancels every fault not carried out yet (a pending kill, dropped responses, injected
+    /// answers, the watch delay); a partition stays as it is.
+    pub fn disarm(&self) {
+        let mut s = self.lock();
+        s.kill = None;
+        s.drop_responses.clear();
+        s.fail_requests = (0, 0);
+        s.fail_writes = (0, 0);
+        s.watch_delay = None;
+    }
+
     /// Turns a partition on or off (see the module docs).
     pub fn blackhole(&self, on: bool) {
         self.shared.blackhole.send_replace(on);

@@ -1,0 +1,817 @@
+//! "Nothing lost", checked on one rollout run through the fault proxy: a [`Case`] (a Deployment
+//! and its hooks) is adopted, the image changes, one [`Fault`] hits the operator's traffic, a
+//! killed operator is started again, and the run goes on until the new revision succeeded.
+//! A [`Monitor`] polls the cluster all along for what must never be seen even for a moment (two
+//! pods of one hook running, a new pod before the pre hooks passed, a mid hook before its point
+//! or the rollout passing it while the hook runs, a post hook before the rollout completed); at
+//! the end the proxy's record and the cluster are checked for the rest (one Job created per
+//! hook, revision and attempt; one success per hook; the user's template and replicas; nothing
+//! left paused once the strategy is gone).
+
+use crate::support::proxy::{Fate, FaultProxy};
+use crate::support::rollout::{ROLLING, deployment_yaml};
+use crate::support::{Operator, TestNamespace, cluster, wait_until};
+use ballast::api::rollout_strategy::APPROVE_ANNOTATION;
+use ballast::api::{HookPhase, RolloutPhase, RolloutStrategy};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::{
+    apps::v1::{Deployment, ReplicaSet},
+    batch::v1::Job,
+    core::v1::{Pod, PodTemplateSpec},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// A Deployment `web` (image web:1 → web:2) and the hooks of its strategy.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub name: &'static str,
+    pub replicas: i32,
+    pub recreate: bool,
+    /// Job hooks before the rollout.
+    pub pre: Vec<&'static str>,
+    /// Job hooks part-way: (name, at) in replicas (ignored by Recreate: there they run with no
+    /// pod left).
+    pub mid: Vec<(&'static str, i32)>,
+    /// An approval gate at this many updated-and-available replicas.
+    pub approval_at: Option<i32>,
+    /// Job hooks after the rollout.
+    pub post: Vec<&'static str>,
+}
+
+/// Each hook pod runs this long (kwok then completes it).
+const HOOK_RUNS: &str = "1s";
+/// Name of the approval gate.
+const APPROVAL: &str = "go-live";
+/// Seconds a new pod is ready before it counts as available (see [`run`]).
+pub const MIN_READY_SECONDS: i32 = 1;
+/// A RollingUpdate's surge: how far past a mid point the Deployment may get before the pause
+/// lands.
+const SURGE: i32 = 1;
+
+impl Case {
+    /// pre → mid (a smoke test, then an approval gate) → post, rolling one pod at a time.
+    pub fn rolling() -> Self {
+        Self {
+            name: "rolling pre→mid(smoke, approval)→post",
+            replicas: 4,
+            recreate: false,
+            pre: vec!["migrate"],
+            mid: vec![("smoke", 1)],
+            approval_at: Some(2),
+            post: vec!["purge"],
+        }
+    }
+
+    /// Recreate with a mid hook that runs between the old pods and the new ones.
+    pub fn recreate() -> Self {
+        Self {
+            name: "Recreate with a mid hook",
+            replicas: 2,
+            recreate: true,
+            pre: vec![],
+            mid: vec![("schema", 1)],
+            approval_at: None,
+            post: vec![],
+        }
+    }
+
+    fn strategy_yaml(&self) -> String {
+        let job = |name: &str| {
+            format!(
+                "{{name: {name}, job: {}}}",
+                crate::support::rollout::job_hook(&format!("{name}:1"), HOOK_RUNS, false)
+            )
+        };
+        let mut mid: Vec<String> = self
+            .mid
+            .iter()
+            .map(|(name, at)| {
+                let j = job(name);
+                format!("{{at: {at}, {}", &j[1..])
+            })
+            .collect();
+        if let Some(at) = self.approval_at {
+            mid.push(format!("{{name: {APPROVAL}, at: {at}, approval: {{}}}}"));
+        }
+        let list = |v: Vec<String>| format!("[{}]", v.join(", "));
+        format!(
+            "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: {}\n  mid: {}\n  post: {}\n",
+            list(self.pre.iter().map(|h| job(h)).collect()),
+            list(mid),
+            list(self.post.iter().map(|h| job(h)).collect()),
+        )
+    }
+
+    fn job_hooks(&self) -> Vec<&'static str> {
+        let mut v = self.pre.clone();
+        v.extend(self.mid.iter().map(|(n, _)| *n));
+        v.extend(self.post.iter().copied());
+        v
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// SIGKILL right after the Nth counted write of the rollout; then a new operator.
+    KillAfter(u64),
+    /// The Nth counted write is applied, its response dropped.
+    DropResponseOf(u64),
+}
+
+/// What one run saw.
+#[derive(Debug)]
+pub struct Outcome {
+    pub fault: Fault,
+    /// Counted writes from the image change until the run settled (before the release).
+    pub writes: u64,
+    /// Whether the fault was carried out (a short run may end before the Nth write).
+    pub hit: bool,
+    pub restarts: u32,
+    /// Approvals the run had to give (more than one: an approval was lost).
+    pub approvals: u32,
+    pub elapsed: Duration,
+    /// Mid points the Deployment controller had got past (beyond the surge) before the pause
+    /// landed: documented ("a few more pods than `at`"), reported, not failed.
+    pub overshoots: Vec<String>,
+    pub failures: Vec<String>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Runs `case` once with `fault` in a namespace of its own.
+pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
+    let started = Instant::now();
+    let c = cluster().await;
+    let ns = TestNamespace::new(&c, prefix).await;
+    let client = c.client.clone();
+    let proxy = FaultProxy::start(&c);
+    let kubeconfig = proxy.operator_kubeconfig(&c);
+    let lease = |n: u32| format!("ballast-{}-{n}", ns.name);
+    let mut op = Operator::start_with_kubeconfig(&kubeconfig, &ns.name, &lease(0), &[]);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let strategies: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns.name);
+    let mut failures = vec![];
+
+    let kind = if case.recreate {
+        "{type: Recreate}"
+    } else {
+        ROLLING
+    };
+    let mut d: Deployment =
+        serde_yaml::from_str(&deployment_yaml("web", "web:1", case.replicas, false, kind)).unwrap();
+    // kwok's pods are ready the moment they run; without a moment before they count as
+    // available, the Deployment controller finishes the rollout before any pause can land.
+    d.spec.as_mut().unwrap().min_ready_seconds = Some(MIN_READY_SECONDS);
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    wait_rolled_out(&deployments, case.replicas, "web:1").await;
+    let s: RolloutStrategy = serde_yaml::from_str(&case.strategy_yaml()).unwrap();
+    strategies.create(&PostParams::default(), &s).await.unwrap();
+    let stable = wait_until("the adoption", Duration::from_secs(60), || async {
+        let s = strategies.get("web").await.ok()?.status?;
+        (s.phase == Some(RolloutPhase::Idle))
+            .then_some(s.stable_revision)
+            .flatten()
+    })
+    .await;
+
+    let before = proxy.counted_writes();
+    match fault {
+        Fault::None => {}
+        Fault::KillAfter(n) => proxy.kill_after_write(n, op.pid()),
+        Fault::DropResponseOf(n) => proxy.drop_response_of_write(n),
+    }
+    let approved = Arc::new(AtomicBool::new(false));
+    let monitor = Monitor::spawn(client.clone(), &ns.name, case.clone(), approved.clone());
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": "web:2"}]}}}});
+    let user_template: PodTemplateSpec = deployments
+        .patch("web", &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template;
+
+    let mut restarts = 0;
+    let mut approvals = 0;
+    let mut last_approval = None;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let mut last = None;
+    let done = loop {
+        if !op.is_running() {
+            restarts += 1;
+            op = Operator::start_with_kubeconfig(&kubeconfig, &ns.name, &lease(restarts), &[]);
+        }
+        let obj = strategies.get("web").await.unwrap();
+        let s = obj.status.clone().unwrap_or_default();
+        // Approve once; approve again only if the gate still waits, without the annotation,
+        // well after the last approval (the operator removes it when it records the
+        // approval, and the status may lag that by a moment): then the approval was lost.
+        if s.phase == Some(RolloutPhase::WaitingApproval)
+            && let Some(rev) = s.current_revision.as_deref()
+            && rev != stable
+            && !obj.annotations().contains_key(APPROVE_ANNOTATION)
+            && last_approval.is_none_or(|t: Instant| t.elapsed() > Duration::from_secs(5))
+        {
+            approved.store(true, Ordering::SeqCst);
+            approvals += 1;
+            last_approval = Some(Instant::now());
+            let patch = json!({"metadata": {"annotations": {APPROVE_ANNOTATION: rev}}});
+            strategies
+                .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+        if s.phase == Some(RolloutPhase::Succeeded)
+            && s.stable_revision.as_deref().is_some_and(|r| r != stable)
+        {
+            break Some(s);
+        }
+        if matches!(
+            s.phase,
+            Some(RolloutPhase::Failed | RolloutPhase::RolledBack)
+        ) {
+            failures.push(format!("the revision ended {:?}: {:?}", s.phase, s.message));
+            break None;
+        }
+        if Instant::now() > deadline {
+            failures.push(format!(
+                "wedged: no success within 150 s; last status {:?} / {:?} / {:?}",
+                s.phase, s.current_hook, s.message
+            ));
+            break None;
+        }
+        last = Some(s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = last;
+    if approvals > 1 {
+        failures.push(format!(
+            "the approval was lost: the gate waited again without the annotation, {} approvals given",
+            approvals
+        ));
+    }
+    // Trailing writes (status, events, history) belong to the run.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = proxy.counted_writes() - before;
+    let hit = match fault {
+        Fault::None => true,
+        Fault::KillAfter(_) => !proxy.kills().is_empty(),
+        Fault::DropResponseOf(_) => proxy
+            .writes()
+            .iter()
+            .any(|w| w.fate == Fate::ResponseDropped),
+    };
+    proxy.disarm();
+    let seen = monitor.stop().await;
+    failures.extend(seen.violations.iter().cloned());
+    let overshoots = seen
+        .held
+        .iter()
+        .filter(|(_, (at, held))| *held > at + SURGE)
+        .map(|(point, (at, held))| format!("{point} at {at} held at {held}"))
+        .collect();
+
+    if let Some(s) = &done {
+        check_end(
+            case,
+            &client,
+            &ns.name,
+            &proxy,
+            &seen,
+            s,
+            &user_template,
+            &mut failures,
+        )
+        .await;
+        // The strategy goes: the Deployment is released unpaused.
+        strategies
+            .delete("web", &DeleteParams::default())
+            .await
+            .unwrap();
+        let gone = tokio::time::timeout(
+            Duration::from_secs(30),
+            wait_until("the strategy gone", Duration::from_secs(35), || async {
+                strategies
+                    .get_opt("web")
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }),
+        )
+        .await;
+        if gone.is_err() {
+            failures.push("the strategy's deletion did not finish in 30 s".into());
+        }
+        let d = deployments.get("web").await.unwrap();
+        if d.spec.as_ref().unwrap().paused == Some(true) {
+            failures.push("the Deployment is left paused after the strategy went".into());
+        }
+    }
+    op.kill();
+    Outcome {
+        fault,
+        writes,
+        hit,
+        restarts,
+        approvals,
+        elapsed: started.elapsed(),
+        overshoots,
+        failures,
+    }
+}
+
+/// What is checked once the run succeeded.
+#[allow(clippy::too_many_arguments)]
+async fn check_end(
+    case: &Case,
+    client: &Client,
+    ns: &str,
+    proxy: &FaultProxy,
+    seen: &Observed,
+    s: &ballast::api::RolloutStrategyStatus,
+    user_template: &PodTemplateSpec,
+    failures: &mut Vec<String>,
+) {
+    // One Job created per (hook, revision, attempt): the name carries all three, so no name
+    // may be created twice.
+    let mut created: BTreeMap<String, usize> = BTreeMap::new();
+    for w in proxy.writes_to("/jobs") {
+        if w.method == "POST" && w.applied() {
+            *created
+                .entry(w.name.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    for (name, n) in &created {
+        if *n > 1 {
+            failures.push(format!("Job {name} was created {n} times"));
+        }
+    }
+    // Exactly one successful attempt per hook (per revision: there is one new revision).
+    for hook in case.job_hooks() {
+        let ok = seen
+            .jobs
+            .values()
+            .filter(|j| j.hook == hook && j.succeeded)
+            .count();
+        if ok != 1 {
+            failures.push(format!("hook {hook} succeeded {ok} times"));
+        }
+    }
+    for h in &s.hooks {
+        if h.phase != HookPhase::Succeeded {
+            failures.push(format!("status of hook {}: {:?}", h.name, h.phase));
+        }
+    }
+    // Two runs of one hook never overlapped (from the pods' own start and finish times).
+    for (hook, runs) in seen.runs_by_hook() {
+        for (i, a) in runs.iter().enumerate() {
+            for b in &runs[i + 1..] {
+                if a.0 < b.1 && b.0 < a.1 {
+                    failures.push(format!("two runs of {hook} overlapped: {a:?} and {b:?}"));
+                }
+            }
+        }
+    }
+    // The new ReplicaSet appeared only after the pre hooks' pods had finished.
+    if !case.pre.is_empty() {
+        let rss = Api::<ReplicaSet>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let new_rs = rss.items.iter().find(|r| image_of_rs(r) == "web:2");
+        let pre_done = seen
+            .pods
+            .values()
+            .filter(|p| case.pre.contains(&p.hook.as_str()) && p.succeeded)
+            .filter_map(|p| p.finished)
+            .max();
+        match (new_rs, pre_done) {
+            (Some(rs), Some(done)) => {
+                let created = rs.metadata.creation_timestamp.as_ref().unwrap().0;
+                if created + SignedDuration::from_secs(1) < done {
+                    failures.push(format!(
+                        "the new ReplicaSet was created at {created}, before the pre hook finished at {done}"
+                    ));
+                }
+            }
+            (rs, done) => failures.push(format!(
+                "no new ReplicaSet ({}) or no finished pre hook pod ({done:?})",
+                rs.is_some()
+            )),
+        }
+    }
+    // The user's template and replica count, all rolled out.
+    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get("web")
+        .await
+        .unwrap();
+    let spec = d.spec.as_ref().unwrap();
+    if &spec.template != user_template {
+        failures.push(format!(
+            "the Deployment's template is not the user's: {:?}",
+            spec.template
+        ));
+    }
+    if spec.replicas != Some(case.replicas) {
+        failures.push(format!(
+            "replicas {:?}, the user's {}",
+            spec.replicas, case.replicas
+        ));
+    }
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let rolled = tokio::time::timeout(
+        Duration::from_secs(30),
+        wait_rolled_out(&deps, case.replicas, "web:2"),
+    )
+    .await;
+    if rolled.is_err() {
+        failures.push("the new revision is not fully available".into());
+    }
+}
+
+async fn wait_rolled_out(api: &Api<Deployment>, replicas: i32, image: &str) {
+    wait_until(
+        "the Deployment rolled out",
+        Duration::from_secs(60),
+        || async {
+            let d = api.get("web").await.ok()?;
+            let spec = d.spec.as_ref()?;
+            let img = spec.template.spec.as_ref()?.containers[0].image.clone()?;
+            let st = d.status?;
+            (img == image
+                && st.updated_replicas == Some(replicas)
+                && st.available_replicas == Some(replicas)
+                && st.replicas == Some(replicas))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+fn image_of_rs(rs: &ReplicaSet) -> String {
+    rs.spec
+        .as_ref()
+        .and_then(|s| {
+            s.template.as_ref()?.spec.as_ref()?.containers[0]
+                .image
+                .clone()
+        })
+        .unwrap_or_default()
+}
+
+fn image_of_pod(p: &Pod) -> String {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers[0].image.clone())
+        .unwrap_or_default()
+}
+
+#[derive(Debug)]
+pub struct JobSeen {
+    pub hook: String,
+    pub succeeded: bool,
+}
+
+#[derive(Debug)]
+pub struct PodSeen {
+    pub hook: String,
+    pub started: Option<Timestamp>,
+    pub finished: Option<Timestamp>,
+    pub succeeded: bool,
+}
+
+/// What the monitor saw: every hook Job and pod (by UID), and every violation.
+#[derive(Debug, Default)]
+pub struct Observed {
+    pub jobs: BTreeMap<String, JobSeen>,
+    pub pods: BTreeMap<String, PodSeen>,
+    pub violations: Vec<String>,
+    /// Per mid point (a hook, or the approval gate): its `at`, and how many new pods the
+    /// ReplicaSet wanted when it was first seen holding there. More than `at` + surge means
+    /// the Deployment controller got past the point before the pause landed.
+    pub held: BTreeMap<String, (i32, i32)>,
+    reported: BTreeSet<String>,
+}
+
+impl Observed {
+    fn violate(&mut self, key: &str, what: String) {
+        if self.reported.insert(key.to_string()) {
+            self.violations.push(what);
+        }
+    }
+
+    /// (start, finish) of each hook pod that started, per hook; a pod still running counts as
+    /// running until now.
+    fn runs_by_hook(&self) -> BTreeMap<String, Vec<(Timestamp, Timestamp)>> {
+        let mut out: BTreeMap<String, Vec<(Timestamp, Timestamp)>> = BTreeMap::new();
+        for p in self.pods.values() {
+            if let Some(start) = p.started {
+                out.entry(p.hook.clone())
+                    .or_default()
+                    .push((start, p.finished.unwrap_or_else(Timestamp::now)));
+            }
+        }
+        out
+    }
+}
+
+/// Polls the namespace every 200 ms for what must never be seen.
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+    seen: Arc<Mutex<Observed>>,
+}
+
+impl Monitor {
+    pub fn spawn(client: Client, ns: &str, case: Case, approved: Arc<AtomicBool>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Observed::default()));
+        let apis = Apis {
+            jobs: Api::namespaced(client.clone(), ns),
+            pods: Api::namespaced(client.clone(), ns),
+            rss: Api::namespaced(client.clone(), ns),
+            deployments: Api::namespaced(client.clone(), ns),
+            strategies: Api::namespaced(client, ns),
+        };
+        let task = tokio::spawn({
+            let (stop, seen) = (stop.clone(), seen.clone());
+            async move {
+                while !stop.load(Ordering::SeqCst) {
+                    poll(&case, &apis, &approved, &seen).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        });
+        Self { stop, task, seen }
+    }
+
+    pub async fn stop(self) -> Observed {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+struct Apis {
+    jobs: Api<Job>,
+    pods: Api<Pod>,
+    rss: Api<ReplicaSet>,
+    deployments: Api<Deployment>,
+    strategies: Api<RolloutStrategy>,
+}
+
+fn hook_of<K: kube::Resource>(o: &K) -> Option<String> {
+    o.meta().labels.as_ref()?.get("ballast.dev/hook").cloned()
+}
+
+/// Whether a hook Job (or one of its pods) has finished.
+fn job_finished(j: &Job) -> bool {
+    j.status
+        .as_ref()
+        .is_some_and(|s| s.succeeded.unwrap_or(0) > 0 || s.failed.unwrap_or(0) > 0)
+}
+
+/// One look at the namespace. The reads are ordered so that a check never blames the operator
+/// for a change that happened between two reads: a Job listed *before* the ReplicaSets must
+/// find the rollout where its hook belongs (progress only moves forward); a hook still running
+/// *after* the ReplicaSets were read was running while they looked like that.
+async fn poll(case: &Case, apis: &Apis, approved: &AtomicBool, seen: &Mutex<Observed>) {
+    let Apis {
+        jobs,
+        pods,
+        rss,
+        deployments,
+        strategies,
+    } = apis;
+    let lp = ListParams::default();
+    let Ok(strategy) = strategies.get("web").await else {
+        return;
+    };
+    let st = strategy.status.unwrap_or_default();
+    let waiting_approval = st.phase == Some(RolloutPhase::WaitingApproval);
+    let Ok(jobs_before) = jobs.list(&lp).await else {
+        return;
+    };
+    let Ok(rs_list) = rss.list(&lp).await else {
+        return;
+    };
+    let Ok(app_pods) = pods.list(&ListParams::default().labels("app=web")).await else {
+        return;
+    };
+    let Ok(dep) = deployments.get("web").await else {
+        return;
+    };
+    let paused = dep.spec.as_ref().and_then(|s| s.paused) == Some(true);
+    let was_approved = approved.load(Ordering::SeqCst);
+    let Ok(jobs_after) = jobs.list(&lp).await else {
+        return;
+    };
+    let Ok(hook_pods) = pods
+        .list(&ListParams::default().labels("ballast.dev/hook"))
+        .await
+    else {
+        return;
+    };
+
+    let new_rs = rs_list.items.iter().find(|r| image_of_rs(r) == "web:2");
+    let new_spec = new_rs.and_then(|r| r.spec.as_ref()?.replicas).unwrap_or(0);
+    let new_available = new_rs
+        .and_then(|r| r.status.as_ref()?.available_replicas)
+        .unwrap_or(0);
+    let new_pods = app_pods
+        .items
+        .iter()
+        .filter(|p| image_of_pod(p) == "web:2")
+        .count() as i32;
+    let old_pods = app_pods
+        .items
+        .iter()
+        .filter(|p| image_of_pod(p) == "web:1")
+        .count() as i32;
+    let old_replicas: i32 = rs_list
+        .items
+        .iter()
+        .filter(|r| image_of_rs(r) == "web:1")
+        .filter_map(|r| Some(r.status.as_ref()?.replicas))
+        .sum();
+
+    let mut o = seen.lock().unwrap();
+    // Record Jobs and hook pods.
+    for j in jobs_before.items.iter().chain(&jobs_after.items) {
+        let (Some(uid), Some(hook)) = (j.uid(), hook_of(j)) else {
+            continue;
+        };
+        let succeeded = j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0;
+        let e = o.jobs.entry(uid).or_insert(JobSeen {
+            hook,
+            succeeded: false,
+        });
+        e.succeeded |= succeeded;
+    }
+    let mut running: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in &hook_pods.items {
+        let (Some(uid), Some(hook)) = (p.uid(), hook_of(p)) else {
+            continue;
+        };
+        let status = p.status.as_ref();
+        let state = status
+            .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
+            .unwrap_or_default();
+        let started = state
+            .running
+            .as_ref()
+            .and_then(|r| r.started_at.as_ref().map(|t| t.0))
+            .or_else(|| {
+                state
+                    .terminated
+                    .as_ref()
+                    .and_then(|t| t.started_at.as_ref().map(|t| t.0))
+            });
+        let finished = state
+            .terminated
+            .as_ref()
+            .and_then(|t| t.finished_at.as_ref().map(|t| t.0));
+        let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
+        if phase == "Running" {
+            running.entry(hook.clone()).or_default().push(p.name_any());
+        }
+        let e = o.pods.entry(uid).or_insert(PodSeen {
+            hook,
+            started: None,
+            finished: None,
+            succeeded: false,
+        });
+        e.started = e.started.or(started);
+        e.finished = e.finished.or(finished);
+        e.succeeded |= phase == "Succeeded";
+    }
+    for (hook, names) in &running {
+        if names.len() > 1 {
+            o.violate(
+                &format!("two-running-{hook}"),
+                format!("two pods of hook {hook} running at once: {names:?}"),
+            );
+        }
+    }
+
+    // A hook is done once its Job or one of its pods says so.
+    let hook_done = |hook: &str, o: &Observed| {
+        o.jobs.values().any(|j| j.hook == hook && j.succeeded)
+            || o.pods.values().any(|p| p.hook == hook && p.succeeded)
+    };
+    let running_after = |hook: &str| {
+        jobs_after
+            .items
+            .iter()
+            .filter(|j| hook_of(*j).as_deref() == Some(hook))
+            .any(|j| !job_finished(j))
+    };
+    let exists_before = |hook: &str| {
+        jobs_before
+            .items
+            .iter()
+            .any(|j| hook_of(j).as_deref() == Some(hook))
+    };
+
+    // No pod of the new revision before the pre hooks passed.
+    let pre_pending: Vec<&str> = case
+        .pre
+        .iter()
+        .copied()
+        .filter(|h| !hook_done(h, &o))
+        .collect();
+    if !pre_pending.is_empty() && (new_pods > 0 || new_spec > 0) {
+        o.violate(
+            "new-before-pre",
+            format!(
+                "{new_pods} pod(s) of the new revision (ReplicaSet wants {new_spec}) before pre hooks {pre_pending:?} passed"
+            ),
+        );
+    }
+    for (hook, at) in &case.mid {
+        if exists_before(hook) {
+            let held = o.held.entry(hook.to_string()).or_insert((*at, new_spec)).1;
+            if running_after(hook) && !case.recreate && new_spec > held + SURGE {
+                o.violate(
+                    &format!("mid-passed-{hook}"),
+                    format!(
+                        "the rollout went on from {held} to {new_spec} new pod(s) while mid hook {hook} ran"
+                    ),
+                );
+            }
+            if case.recreate {
+                if old_pods > 0 || old_replicas > 0 {
+                    o.violate(
+                        &format!("mid-early-{hook}"),
+                        format!("Recreate mid hook {hook} runs while {old_pods} old pod(s) exist"),
+                    );
+                }
+            } else if new_available < *at {
+                o.violate(
+                    &format!("mid-early-{hook}"),
+                    format!("mid hook {hook} (at {at}) started with {new_available} new pod(s) available"),
+                );
+            }
+        }
+        if running_after(hook) {
+            if !paused {
+                o.violate(
+                    &format!("mid-unpaused-{hook}"),
+                    format!("the Deployment is not paused while mid hook {hook} runs"),
+                );
+            }
+            if case.recreate && new_pods > 0 {
+                o.violate(
+                    &format!("mid-passed-{hook}"),
+                    format!("{new_pods} new pod(s) while the Recreate mid hook {hook} runs"),
+                );
+            }
+        }
+    }
+    if let Some(at) = case.approval_at
+        && waiting_approval
+    {
+        let held = o.held.entry(APPROVAL.into()).or_insert((at, new_spec)).1;
+        if !was_approved && new_spec > held + SURGE {
+            o.violate(
+                "approval-passed",
+                format!(
+                    "the rollout went on from {held} to {new_spec} new pod(s) before the approval gate was approved"
+                ),
+            );
+        }
+    }
+    for hook in &case.post {
+        if exists_before(hook) && (new_available < case.replicas || old_replicas > 0) {
+            o.violate(
+                &format!("post-early-{hook}"),
+                format!(
+                    "post hook {hook} exists while the rollout is incomplete ({new_available}/{} new available, {old_replicas} old)",
+                    case.replicas
+                ),
+            );
+        }
+    }
+}
