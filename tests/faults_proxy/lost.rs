@@ -129,6 +129,9 @@ pub enum Fault {
     KillAfter(u64),
     /// The Nth counted write is applied, its response dropped.
     DropResponseOf(u64),
+    /// The operator is restarted just before the image changes, and the new one gets every
+    /// watch event this many milliseconds late for a minute.
+    SlowWatchesAfterRestart(u64),
 }
 
 /// What one run saw.
@@ -146,6 +149,9 @@ pub struct Outcome {
     /// Mid points the Deployment controller had got past (beyond the surge) before the pause
     /// landed: documented ("a few more pods than `at`"), reported, not failed.
     pub overshoots: Vec<String>,
+    /// Job creates the API server refused because the Job existed (harmless, but a sign the
+    /// operator acted on a stale view).
+    pub refused_creates: usize,
     pub failures: Vec<String>,
 }
 
@@ -195,10 +201,19 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
     .await;
 
     let before = proxy.counted_writes();
+    let mut restarts = 0;
+    let mut patience = Duration::from_secs(150);
     match fault {
         Fault::None => {}
         Fault::KillAfter(n) => proxy.kill_after_write(n, op.pid()),
         Fault::DropResponseOf(n) => proxy.drop_response_of_write(n),
+        Fault::SlowWatchesAfterRestart(ms) => {
+            op.kill();
+            proxy.delay_watch_events(Duration::from_millis(ms), Duration::from_secs(60));
+            restarts += 1;
+            op = Operator::start_with_kubeconfig(&kubeconfig, &ns.name, &lease(restarts), &[]);
+            patience += Duration::from_secs(90);
+        }
     }
     let approved = Arc::new(AtomicBool::new(false));
     let monitor = Monitor::spawn(client.clone(), &ns.name, case.clone(), approved.clone());
@@ -211,10 +226,9 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
         .unwrap()
         .template;
 
-    let mut restarts = 0;
     let mut approvals = 0;
     let mut last_approval = None;
-    let deadline = Instant::now() + Duration::from_secs(150);
+    let deadline = Instant::now() + patience;
     let mut last = None;
     let done = loop {
         if !op.is_running() {
@@ -255,7 +269,7 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
         }
         if Instant::now() > deadline {
             failures.push(format!(
-                "wedged: no success within 150 s; last status {:?} / {:?} / {:?}",
+                "wedged: no success within {patience:?}; last status {:?} / {:?} / {:?}",
                 s.phase, s.current_hook, s.message
             ));
             break None;
@@ -274,7 +288,7 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let writes = proxy.counted_writes() - before;
     let hit = match fault {
-        Fault::None => true,
+        Fault::None | Fault::SlowWatchesAfterRestart(_) => true,
         Fault::KillAfter(_) => !proxy.kills().is_empty(),
         Fault::DropResponseOf(_) => proxy
             .writes()
@@ -282,6 +296,30 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
             .any(|w| w.fate == Fate::ResponseDropped),
     };
     proxy.disarm();
+    // The proxy's record of the run, for a failure that needs reading.
+    if std::env::var_os("BALLAST_FAULTS_DEBUG").is_some() {
+        for e in proxy.log() {
+            eprintln!(
+                "{:?} {} {}?{} {:?} {:?}",
+                e.received.duration_since(started),
+                e.method,
+                e.path,
+                e.query,
+                e.status,
+                e.fate
+            );
+        }
+    }
+    // A kill at one of the trailing writes: the release below needs an operator.
+    if !op.is_running() {
+        restarts += 1;
+        op = Operator::start_with_kubeconfig(&kubeconfig, &ns.name, &lease(restarts), &[]);
+    }
+    let refused_creates = proxy
+        .writes_to("/jobs")
+        .iter()
+        .filter(|w| w.method == "POST" && w.status == Some(409))
+        .count();
     let seen = monitor.stop().await;
     failures.extend(seen.violations.iter().cloned());
     let overshoots = seen
@@ -337,6 +375,7 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
         approvals,
         elapsed: started.elapsed(),
         overshoots,
+        refused_creates,
         failures,
     }
 }

@@ -12,11 +12,20 @@
 mod support;
 
 mod lost;
+mod spread;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 use lost::{Case, Fault, Outcome};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use support::faults::{Row, record};
+use support::proxy::FaultProxy;
+use support::{Operator, TestNamespace, cluster, wait_until};
+
+/// One scenario at a time: their timings (hooks, pacing, Lease expiry) are the point, and
+/// each sweep already runs several operators at once.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Whether to run every N of a sweep instead of a sample.
 fn full() -> bool {
@@ -31,17 +40,36 @@ fn parallel() -> usize {
         .unwrap_or(3)
 }
 
-/// The N of a sweep over K writes: every one when `full`, else every `stride`th from 1 plus
-/// the last (so the first and the last write are always hit).
-fn sample(k: u64, stride: u64) -> Vec<u64> {
+/// Where a strided sample starts (0..stride): `BALLAST_FAULTS_OFFSET`, else it moves on every
+/// day, so that successive CI runs cover every N between them.
+fn offset(stride: u64) -> u64 {
+    std::env::var("BALLAST_FAULTS_OFFSET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                / 86_400
+        })
+        % stride.max(1)
+}
+
+/// The N of a sweep over K writes: every one when `full`, else every `stride`th from
+/// `1 + offset`, plus the first and the last write.
+fn sample(k: u64, stride: u64, offset: u64) -> Vec<u64> {
     let mut ns: Vec<u64> = if full() {
         (1..=k).collect()
     } else {
-        (1..=k).step_by(stride.max(1) as usize).collect()
+        (1 + offset..=k).step_by(stride.max(1) as usize).collect()
     };
-    if ns.last() != Some(&k) && k > 0 {
-        ns.push(k);
+    for n in [1, k] {
+        if n > 0 && !ns.contains(&n) {
+            ns.push(n);
+        }
     }
+    ns.sort();
     ns
 }
 
@@ -62,7 +90,8 @@ async fn sweep(case: &Case, fault: fn(u64) -> Fault, stride: u64, prefix: &str) 
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(stride);
-    let ns = sample(k, stride);
+    let offset = offset(stride);
+    let ns = sample(k, stride, offset);
     eprintln!(
         "{}: undisturbed run: {k} writes in {:?}; faults at N = {ns:?}",
         case.name, base.elapsed
@@ -93,7 +122,7 @@ async fn sweep(case: &Case, fault: fn(u64) -> Fault, stride: u64, prefix: &str) 
         out.passed += u32::from(o.passed());
         let n = match o.fault {
             Fault::KillAfter(n) | Fault::DropResponseOf(n) => n,
-            Fault::None => 0,
+            Fault::None | Fault::SlowWatchesAfterRestart(_) => 0,
         };
         eprintln!(
             "{} {:?}: {} in {:?}, {} restart(s), {} approval(s), {} writes{}",
@@ -127,7 +156,10 @@ async fn sweep(case: &Case, fault: fn(u64) -> Fault, stride: u64, prefix: &str) 
         if full() || stride <= 1 {
             "every write".to_string()
         } else {
-            format!("1..{k} step {stride} and {k}")
+            format!(
+                "1, {}..{k} step {stride}, {k} (BALLAST_FAULTS_OFFSET={offset}; BALLAST_FAULTS_FULL=1 runs every N)",
+                1 + offset
+            )
         },
         if missed.is_empty() {
             String::new()
@@ -155,9 +187,11 @@ const NOTHING_LOST: &str = "nothing lost: one Job created per (hook, revision, a
 never two hook pods running, no new pod before pre hooks pass, mid hooks at their point and the rollout \
 held while they run, post only after complete, user's template and replicas, unpaused once the strategy goes";
 
-/// Strides for CI (a full sweep sets `BALLAST_FAULTS_FULL=1`).
-const ROLLING_STRIDE: u64 = 1;
-const RECREATE_STRIDE: u64 = 1;
+/// Strides for CI (a full sweep sets `BALLAST_FAULTS_FULL=1`). Measured with 3 runs at once on
+/// the shared 2-core machine: every N of the rolling case (K ≈ 45) takes about 6 minutes, of
+/// the Recreate case (K ≈ 22) about 2, per fault; these strides keep F1 + F2 near 6 minutes.
+const ROLLING_STRIDE: u64 = 3;
+const RECREATE_STRIDE: u64 = 3;
 
 async fn sweep_both(id: &str, fault: &str, f: fn(u64) -> Fault, prefix: &str) {
     let mut runs = 0;
@@ -187,6 +221,7 @@ async fn sweep_both(id: &str, fault: &str, f: fn(u64) -> Fault, prefix: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn f1_sigkill_after_any_write_of_a_rollout_loses_nothing() {
+    let _serial = SERIAL.lock().await;
     sweep_both(
         "F1",
         "SIGKILL right after write N of a rollout (pre → mid smoke + approval → post; Recreate with a mid hook), then a new operator",
@@ -198,6 +233,7 @@ async fn f1_sigkill_after_any_write_of_a_rollout_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn f2_a_lost_response_of_any_write_loses_nothing() {
+    let _serial = SERIAL.lock().await;
     sweep_both(
         "F2",
         "write N of a rollout applied, its response dropped (connection closed)",
@@ -205,4 +241,211 @@ async fn f2_a_lost_response_of_any_write_loses_nothing() {
         "f2-drop",
     )
     .await;
+}
+
+/// The SpreadPolicy half of F3: v1 → v2 over `n` workloads changed while no operator ran; the
+/// new operator gets every watch event `delay` late. Returns the failures and what was seen.
+async fn f3_spread(delay: Duration) -> (Vec<String>, String) {
+    const N: usize = 4;
+    let c = cluster().await;
+    let ns = TestNamespace::new(&c, "f3-spol").await;
+    let proxy = FaultProxy::start(&c);
+    let kc = proxy.operator_kubeconfig(&c);
+    let lease = |n: u32| format!("ballast-{}-{n}", ns.name);
+    let mut op = Operator::start_with_kubeconfig(&kc, &ns.name, &lease(0), &[]);
+    spread::create_workloads(&c.client, &ns.name, N).await;
+    spread::apply_policy(&c.client, &ns.name, 1).await;
+    spread::wait_converged(&c.client, &ns.name, N, 1, Duration::from_secs(120)).await;
+    op.kill();
+
+    let since = spread::generations(&c.client, &ns.name).await;
+    let cut = proxy.log().len();
+    spread::apply_policy(&c.client, &ns.name, 2).await;
+    proxy.delay_watch_events(delay, Duration::from_secs(150));
+    let op = Operator::start_with_kubeconfig(&kc, &ns.name, &lease(1), &[]);
+    let pacing = spread::Pacing::spawn(c.client.clone(), &ns.name, since.clone());
+    let converged = tokio::time::timeout(
+        Duration::from_secs(180),
+        spread::wait_converged(&c.client, &ns.name, N, 2, Duration::from_secs(185)),
+    )
+    .await;
+    // Late events of the operator's own writes arrive after convergence: they must not make
+    // it write again.
+    tokio::time::sleep(delay + Duration::from_secs(3)).await;
+    let paced = pacing.stop().await;
+    let after = spread::generations(&c.client, &ns.name).await;
+    drop(op);
+
+    let mut failures = vec![];
+    if converged.is_err() {
+        failures.push("the workloads did not all converge to v2 within 180 s".into());
+    }
+    let log = proxy.log();
+    let mut writes_per = vec![];
+    for name in spread::names(N) {
+        let changes =
+            after.get(&name).copied().unwrap_or(0) - since.get(&name).copied().unwrap_or(0);
+        if changes > 1 {
+            failures.push(format!(
+                "{name}: {changes} template changes for one policy change"
+            ));
+        }
+        let writes = log[cut..]
+            .iter()
+            .filter(|e| {
+                e.is_write() && e.applied() && e.path.ends_with(&format!("/deployments/{name}"))
+            })
+            .count();
+        if writes > 1 {
+            failures.push(format!("{name}: {writes} writes for one policy change"));
+        }
+        writes_per.push(writes);
+    }
+    if paced.max_in_flight > 1 {
+        failures.push(format!(
+            "{} workloads rolling out at once with maxConcurrent 1: {:?}",
+            paced.max_in_flight, paced.widest
+        ));
+    }
+    let seen = format!(
+        "SpreadPolicy v1→v2 over {N} Deployments (maxConcurrent 1): writes per workload {writes_per:?}, at most {} rolling at once",
+        paced.max_in_flight
+    );
+    (failures, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn f3_late_watch_events_after_a_restart_cause_no_extra_writes() {
+    let _serial = SERIAL.lock().await;
+    let delay = Duration::from_secs(7);
+    let (mut failures, spread_seen) = f3_spread(delay).await;
+    let spread_passed = failures.is_empty();
+    let rollout = lost::run(
+        &Case::rolling(),
+        Fault::SlowWatchesAfterRestart(delay.as_millis() as u64),
+        "f3-rost",
+    )
+    .await;
+    eprintln!("F3 SpreadPolicy: {spread_seen}; failures {failures:?}");
+    eprintln!("F3 rollout: {rollout:#?}");
+    failures.extend(rollout.failures.iter().map(|f| format!("rollout: {f}")));
+    let checked = format!(
+        "events {delay:?} late for 60-150 s after a restart. {spread_seen}; ≤ 1 template change and ≤ 1 write per workload, ≤ maxConcurrent rolling. \
+         Rollout ({}): nothing lost, one Job created per (hook, revision, attempt) ({} create(s) refused as already existing)",
+        Case::rolling().name,
+        rollout.refused_creates
+    );
+    record(&Row {
+        id: "F3",
+        fault: "watch events delayed 7 s after an operator restart",
+        runs: 2,
+        passed: u32::from(spread_passed) + u32::from(rollout.passed()),
+        checked: &checked,
+    });
+    assert!(failures.is_empty(), "F3: {failures:#?}");
+}
+
+/// The holder of Lease `name` in ballast-system.
+async fn lease_holder(client: &kube::Client, name: &str) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), "ballast-system");
+    api.get_opt(name).await.ok()??.spec?.holder_identity
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn f4_a_partitioned_leader_writes_nothing_after_the_new_leader_starts() {
+    let _serial = SERIAL.lock().await;
+    const N: usize = 6;
+    let partition = Duration::from_secs(40);
+    let c = cluster().await;
+    let ns = TestNamespace::new(&c, "f4-leader").await;
+    let (pa, pb) = (FaultProxy::start(&c), FaultProxy::start(&c));
+    let lease = format!("ballast-{}", ns.name);
+    let mut a = Operator::start_with_kubeconfig(&pa.operator_kubeconfig(&c), &ns.name, &lease, &[]);
+    let a_id = format!("-{}", a.pid());
+    wait_until("A leads", Duration::from_secs(30), || async {
+        lease_holder(&c.client, &lease)
+            .await
+            .filter(|h| h.ends_with(&a_id))
+    })
+    .await;
+    let mut b = Operator::start_with_kubeconfig(&pb.operator_kubeconfig(&c), &ns.name, &lease, &[]);
+    spread::create_workloads(&c.client, &ns.name, N).await;
+    spread::apply_policy(&c.client, &ns.name, 1).await;
+    spread::wait_converged(&c.client, &ns.name, N, 1, Duration::from_secs(120)).await;
+    assert!(
+        pb.writes().iter().all(|w| !w.applied()),
+        "the standby wrote nothing while A led"
+    );
+
+    // Cut A off, and give the cluster work: v2 over every workload, paced one by one, so that
+    // work is left when A comes back.
+    pa.blackhole(true);
+    let cut_at = std::time::Instant::now();
+    spread::apply_policy(&c.client, &ns.name, 2).await;
+    tokio::time::sleep(partition).await;
+    pa.blackhole(false);
+    let b_id = format!("-{}", b.pid());
+    let holder = lease_holder(&c.client, &lease).await;
+    let converged = tokio::time::timeout(
+        Duration::from_secs(150),
+        spread::wait_converged(&c.client, &ns.name, N, 2, Duration::from_secs(155)),
+    )
+    .await;
+    // Long enough for A to notice, or to act on what it missed.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let a_exited = !a.is_running();
+    let a_log = a.logs();
+    a.kill();
+    b.kill();
+
+    let mut failures = vec![];
+    let first_b = pb.writes().into_iter().find(|w| w.applied());
+    let late_a: Vec<String> = match &first_b {
+        Some(fb) => {
+            let t = fb.answered.unwrap();
+            pa.writes()
+                .iter()
+                .filter(|w| w.applied() && w.sent.is_some_and(|s| s > t))
+                .map(|w| format!("{} {} {:?}", w.method, w.path, w.status))
+                .collect()
+        }
+        None => {
+            failures.push("B never wrote: it did not take over".into());
+            vec![]
+        }
+    };
+    if !late_a.is_empty() {
+        failures.push(format!(
+            "the old leader wrote after the new leader's first write: {late_a:?}"
+        ));
+    }
+    if !holder.as_deref().is_some_and(|h| h.ends_with(&b_id)) {
+        failures.push(format!(
+            "B does not hold the Lease after the partition: {holder:?}"
+        ));
+    }
+    if converged.is_err() {
+        failures.push("the workloads did not converge to v2 after the takeover".into());
+    }
+    let takeover = first_b
+        .as_ref()
+        .map(|w| w.answered.unwrap().saturating_duration_since(cut_at));
+    let checked = format!(
+        "two managers on one Lease, the leader blackholed {partition:?} while a SpreadPolicy change over {N} Deployments was pending: \
+         B's first write {takeover:?} into the partition; {} write(s) by A after it; A {} afterwards; the work finished under B",
+        late_a.len(),
+        if a_exited { "exited" } else { "kept running" }
+    );
+    record(&Row {
+        id: "F4",
+        fault: "two managers; the leader blackholed 40 s",
+        runs: 1,
+        passed: u32::from(failures.is_empty()),
+        checked: &checked,
+    });
+    assert!(
+        failures.is_empty(),
+        "F4: {failures:#?}\nA's log tail:\n{}",
+        support::rollout::tail(&a_log, 30)
+    );
 }
