@@ -129,6 +129,9 @@ pub enum Fault {
     KillAfter(u64),
     /// The Nth counted write is applied, its response dropped.
     DropResponseOf(u64),
+    /// SIGKILL right after the first write of the strategy object itself (not its status):
+    /// with an approval gate, the write that consumes the approval annotation.
+    KillAfterStrategyWrite,
     /// The operator is restarted just before the image changes, and the new one gets every
     /// watch event this many milliseconds late for a minute.
     SlowWatchesAfterRestart(u64),
@@ -207,6 +210,12 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
         Fault::None => {}
         Fault::KillAfter(n) => proxy.kill_after_write(n, op.pid()),
         Fault::DropResponseOf(n) => proxy.drop_response_of_write(n),
+        Fault::KillAfterStrategyWrite => {
+            proxy.count_writes_where(|method, path| {
+                method == "PATCH" && path.ends_with("/rolloutstrategies/web")
+            });
+            proxy.kill_after_write(1, op.pid());
+        }
         Fault::SlowWatchesAfterRestart(ms) => {
             op.kill();
             proxy.delay_watch_events(Duration::from_millis(ms), Duration::from_secs(60));
@@ -289,7 +298,7 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
     let writes = proxy.counted_writes() - before;
     let hit = match fault {
         Fault::None | Fault::SlowWatchesAfterRestart(_) => true,
-        Fault::KillAfter(_) => !proxy.kills().is_empty(),
+        Fault::KillAfter(_) | Fault::KillAfterStrategyWrite => !proxy.kills().is_empty(),
         Fault::DropResponseOf(_) => proxy
             .writes()
             .iter()
@@ -297,18 +306,25 @@ pub async fn run(case: &Case, fault: Fault, prefix: &str) -> Outcome {
     };
     proxy.disarm();
     // The proxy's record of the run, for a failure that needs reading.
-    if std::env::var_os("BALLAST_FAULTS_DEBUG").is_some() {
-        for e in proxy.log() {
-            eprintln!(
-                "{:?} {} {}?{} {:?} {:?}",
-                e.received.duration_since(started),
-                e.method,
-                e.path,
-                e.query,
-                e.status,
-                e.fate
-            );
-        }
+    if let Some(dir) = std::env::var_os("BALLAST_FAULTS_DEBUG") {
+        let text: String = proxy
+            .log()
+            .iter()
+            .map(|e| {
+                format!(
+                    "{:?} {} {}?{} {:?} {:?}\n",
+                    e.received.duration_since(started),
+                    e.method,
+                    e.path,
+                    e.query,
+                    e.status,
+                    e.fate
+                )
+            })
+            .collect();
+        let path = std::path::Path::new(&dir).join(format!("{}-{fault:?}-{writes}.log", ns.name));
+        let _ = std::fs::write(&path, text);
+        let _ = std::fs::write(path.with_extension("operator.log"), op.logs());
     }
     // A kill at one of the trailing writes: the release below needs an operator.
     if !op.is_running() {

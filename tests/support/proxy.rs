@@ -54,6 +54,7 @@ use super::Cluster;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ProxyBody = BoxBody<Bytes, BoxError>;
+type WriteFilter = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 type Upstream = HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// What became of one request.
@@ -151,7 +152,7 @@ struct State {
     /// Path substrings whose writes are not counted.
     uncounted: Vec<String>,
     /// `None` to count every write except `uncounted`; else only writes to these substrings.
-    counted_only: Option<Vec<String>>,
+    counted_only: Option<WriteFilter>,
     kill: Option<(u64, u32)>,
     kills: Vec<Kill>,
     drop_responses: BTreeSet<u64>,
@@ -292,7 +293,14 @@ impl FaultProxy {
     /// Counts only writes whose path contains one of `substrings` (instead of every write but
     /// Lease renewals).
     pub fn count_writes_to(&self, substrings: &[&str]) {
-        self.lock().counted_only = Some(substrings.iter().map(|s| s.to_string()).collect());
+        let subs: Vec<String> = substrings.iter().map(|s| s.to_string()).collect();
+        self.count_writes_where(move |_, path| subs.iter().any(|s| path.contains(s.as_str())));
+    }
+
+    /// Counts only the writes for which `f(method, path)` holds: a fault can then aim at one
+    /// kind of write ("the first PATCH of the strategy object") whatever else is written.
+    pub fn count_writes_where(&self, f: impl Fn(&str, &str) -> bool + Send + Sync + 'static) {
+        self.lock().counted_only = Some(Arc::new(f));
     }
 
     /// Every request so far, in order of arrival.
@@ -487,7 +495,7 @@ async fn handle(
         let seq = s.log.len();
         let countable = write
             && match &s.counted_only {
-                Some(only) => only.iter().any(|p| path.contains(p.as_str())),
+                Some(f) => f(&method, &path),
                 None => !s.uncounted.iter().any(|p| path.contains(p.as_str())),
             };
         let mut number = None;
