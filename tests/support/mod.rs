@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod faults;
+pub mod proxy;
 pub mod rollout;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -379,7 +380,16 @@ impl Operator {
     }
 
     pub fn start_with(cluster: &Cluster, namespace: &str, lease: &str, extra: &[&str]) -> Self {
-        let kubeconfig = cluster.operator_kubeconfig();
+        Self::start_with_kubeconfig(&cluster.operator_kubeconfig(), namespace, lease, extra)
+    }
+
+    /// Starts `ballast` with `kubeconfig` (e.g. one that dials a fault proxy).
+    pub fn start_with_kubeconfig(
+        kubeconfig: &Path,
+        namespace: &str,
+        lease: &str,
+        extra: &[&str],
+    ) -> Self {
         let http_port = free_port();
         let log = state_dir()
             .join("logs")
@@ -387,7 +397,7 @@ impl Operator {
         std::fs::create_dir_all(log.parent().unwrap()).unwrap();
         let file = std::fs::File::create(&log).expect("creating the operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env(
                 "RUST_LOG",
                 std::env::var("BALLAST_TEST_LOG").unwrap_or_else(|_| "info,ballast=debug".into()),
