@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use super::common::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, conditions_schema, env_vars_schema,
@@ -531,6 +532,12 @@ pub struct RolloutStrategyStatus {
     /// old one (its stable template, its hooks) carries over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_uid: Option<String>,
+
+    /// Bookkeeping for the operator: `ballast.dev/approve` and `ballast.dev/retry` values it has
+    /// acted on (recorded here first), removed from the annotations next. A crash between the two
+    /// writes neither loses an approval nor lets one approve a second gate.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed_annotations: BTreeMap<String, String>,
 }
 
 /// One run of a hook.

@@ -232,7 +232,9 @@ pub fn decide(i: &Input) -> Decision {
         d: Decision::default(),
     };
     m.st.observed_generation = i.generation;
-    m.step();
+    if !m.clear_consumed() {
+        m.step();
+    }
     m.finish()
 }
 
@@ -268,6 +270,33 @@ impl<'a> Machine<'a> {
         let secs = d.as_secs_f64().max(0.0) + 0.5;
         let d = Duration::from_secs_f64(secs.min(3600.0));
         self.d.requeue = Some(self.d.requeue.map_or(d, |r| r.min(d)));
+    }
+
+    /// An approval or retry acted on is recorded in status first (`consume`); the annotation is
+    /// removed in the next round, on its own, once that record is written. Returns whether there
+    /// was one to clear (then nothing else is decided this round).
+    fn clear_consumed(&mut self) -> bool {
+        if self.st.consumed_annotations.is_empty() {
+            return false;
+        }
+        for (key, value) in [
+            (APPROVE_ANNOTATION, self.i.approve),
+            (RETRY_ANNOTATION, self.i.retry),
+        ] {
+            if value.is_some() && self.st.consumed_annotations.get(key).map(String::as_str) == value
+            {
+                self.effect(Effect::RemoveAnnotation(key));
+            }
+        }
+        self.st.consumed_annotations.clear();
+        true
+    }
+
+    /// Records that `key=value` was acted on; `clear_consumed` removes it next round.
+    fn consume(&mut self, key: &'static str, value: &str) {
+        self.st
+            .consumed_annotations
+            .insert(key.to_string(), value.to_string());
     }
 
     fn current(&self) -> String {
@@ -626,12 +655,23 @@ impl<'a> Machine<'a> {
         self.st.hooks.iter().any(|e| e.name == h.name)
     }
 
+    /// The number of new replicas at which a mid hook runs.
+    fn point_of(h: &Hook, dep: &DeploymentView) -> i32 {
+        h.at.as_ref()
+            .and_then(|at| progress_point(at, dep.replicas))
+            .unwrap_or(dep.replicas)
+    }
+
+    /// Whether the Deployment controller has scaled the new revision up to a mid hook's point:
+    /// the moment to pause, so the rollout goes no further than that step.
+    fn scaled_to(&self, h: &Hook, dep: &DeploymentView) -> bool {
+        dep.desired_of(&dep.revision) >= Self::point_of(h, dep)
+    }
+
+    /// Whether the new revision's available replicas reached a mid hook's point: the moment
+    /// the hook may start.
     fn reached(&self, h: &Hook, dep: &DeploymentView) -> bool {
-        let point =
-            h.at.as_ref()
-                .and_then(|at| progress_point(at, dep.replicas))
-                .unwrap_or(dep.replicas);
-        dep.observed() && dep.available_of(&dep.revision) >= point
+        dep.observed() && dep.available_of(&dep.revision) >= Self::point_of(h, dep)
     }
 
     fn rolling(&mut self, dep: &DeploymentView) {
@@ -676,7 +716,9 @@ impl<'a> Machine<'a> {
         }
         match next_mid {
             Some(h) if !dep.recreate => {
-                if self.reached(&h, dep) {
+                // Paused as soon as the new revision is scaled to the point, so the rollout
+                // goes no further while the hook waits for those pods and runs.
+                if self.scaled_to(&h, dep) {
                     self.effect(Effect::Pause);
                     self.set_phase(RolloutPhase::MidHook);
                     self.st.message = Some(format!(
@@ -727,18 +769,51 @@ impl<'a> Machine<'a> {
             return;
         }
         let mid = self.i.spec.mid.clone();
-        let hooks: Vec<Hook> = if dep.recreate {
-            mid
-        } else {
-            mid.into_iter()
-                .take_while(|h| self.started(h) || self.reached(h, dep))
-                .collect()
-        };
-        if self.run_hooks(HookPoint::Mid, &hooks, dep) == Run::Done {
-            self.st.current_hook = None;
-            self.set_phase(RolloutPhase::Rolling);
-            self.st.message = Some(format!("revision {}: rolling out", dep.revision));
+        if dep.recreate {
+            if self.run_hooks(HookPoint::Mid, &mid, dep) == Run::Done {
+                self.resume_rolling(dep);
+            }
+            return;
         }
+        // Until the Deployment controller has seen the pause, its status says nothing about
+        // where the rollout stands.
+        if !dep.observed() {
+            self.requeue_in(SignedDuration::from_secs(1));
+            return;
+        }
+        for hook in &mid {
+            if self.done(hook) {
+                continue;
+            }
+            if !self.started(hook) {
+                if !self.scaled_to(hook, dep) {
+                    // Every hook due at this step has run.
+                    break;
+                }
+                if !self.reached(hook, dep) {
+                    // Paused at the point; its pods are not all available yet.
+                    self.st.message = Some(format!(
+                        "revision {}: mid hook {} waits for {} available new replicas",
+                        dep.revision,
+                        hook.name,
+                        Self::point_of(hook, dep)
+                    ));
+                    self.deadline();
+                    return;
+                }
+            }
+            match self.run_hook(HookPoint::Mid, hook, dep) {
+                Run::Done => {}
+                _ => return,
+            }
+        }
+        self.resume_rolling(dep);
+    }
+
+    fn resume_rolling(&mut self, dep: &DeploymentView) {
+        self.st.current_hook = None;
+        self.set_phase(RolloutPhase::Rolling);
+        self.st.message = Some(format!("revision {}: rolling out", dep.revision));
     }
 
     fn post(&mut self, dep: &DeploymentView) {
@@ -883,7 +958,7 @@ impl<'a> Machine<'a> {
             HookPhase::Waiting => {
                 self.st.current_hook = Some(hook.name.clone());
                 if self.i.approve == Some(rev.as_str()) {
-                    self.effect(Effect::RemoveAnnotation(APPROVE_ANNOTATION));
+                    self.consume(APPROVE_ANNOTATION, &rev);
                     let entry = &mut self.st.hooks[idx];
                     entry.phase = HookPhase::Succeeded;
                     entry.reason = Some("Approved".into());
@@ -1201,7 +1276,7 @@ impl<'a> Machine<'a> {
         }
         if failed && self.i.retry.is_some() && self.i.retry == cur.as_deref() {
             if rev == cur {
-                self.effect(Effect::RemoveAnnotation(RETRY_ANNOTATION));
+                self.consume(RETRY_ANNOTATION, &dep.revision);
                 if !dep.paused {
                     self.effect(Effect::Pause);
                 }

@@ -30,7 +30,10 @@ pub struct ReplicaSetView {
     pub name: String,
     /// The revision of the template it was made from.
     pub revision: String,
+    /// `status.replicas`: pods that exist.
     pub replicas: i32,
+    /// `spec.replicas`: what the Deployment controller has scaled it to.
+    pub desired: i32,
     pub available: i32,
     pub created: Option<Timestamp>,
     /// The Deployment template it was made from.
@@ -85,6 +88,15 @@ impl DeploymentView {
             .sum()
     }
 
+    /// Replicas the Deployment controller has scaled the ReplicaSets of `revision` to.
+    pub fn desired_of(&self, revision: &str) -> i32 {
+        self.replica_sets
+            .iter()
+            .filter(|r| r.revision == revision)
+            .map(|r| r.desired)
+            .sum()
+    }
+
     /// Whether a ReplicaSet of `revision` exists.
     pub fn has_replica_set_of(&self, revision: &str) -> bool {
         self.replica_sets.iter().any(|r| r.revision == revision)
@@ -126,6 +138,7 @@ impl DeploymentView {
                     name: r.name_any(),
                     revision: revision::of_template(&template),
                     replicas: rstatus.replicas,
+                    desired: rspec.replicas.unwrap_or(1),
                     available: rstatus.available_replicas.unwrap_or(0),
                     created: r.creation_timestamp().map(|t| t.0),
                     template_json: serde_json::to_value(&template).unwrap_or_default(),

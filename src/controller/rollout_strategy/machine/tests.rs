@@ -54,6 +54,7 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
             name: format!("web-{rev}"),
             revision: rev.into(),
             replicas: 4,
+            desired: 4,
             available: 4,
             created: Some(t(-1000)),
             template_json: json!({"rev": rev}),
@@ -71,6 +72,7 @@ fn rolling_dep(new: i32, paused: bool) -> DeploymentView {
             name: "web-old".into(),
             revision: OLD.into(),
             replicas: 4 - new + new.min(1),
+            desired: 4 - new + new.min(1),
             available: 4 - new,
             created: Some(t(-1000)),
             template_json: json!({"rev": OLD}),
@@ -79,6 +81,7 @@ fn rolling_dep(new: i32, paused: bool) -> DeploymentView {
             name: "web-new".into(),
             revision: NEW.into(),
             replicas: new,
+            desired: new,
             available: new,
             created: Some(t(-10)),
             template_json: json!({"rev": NEW}),
@@ -705,6 +708,52 @@ fn table_of_mid_hook_progress_points() {
 }
 
 #[test]
+fn a_mid_point_pauses_when_scaled_to_and_runs_once_those_pods_are_available() {
+    let s = spec("mid: [{name: smoke, at: 50%, container: {from: app}}]");
+    // The Deployment controller has scaled the new ReplicaSet to 2 of 4; none available yet.
+    let mut scaled = rolling_dep(0, false);
+    scaled.replica_sets[1].desired = 2;
+    let d = Case::new(
+        s.clone(),
+        status(RolloutPhase::Rolling, vec![]),
+        scaled.clone(),
+    )
+    .decide();
+    assert_eq!(
+        d.effects,
+        [Effect::Pause],
+        "paused before it goes past the point"
+    );
+    assert_eq!(phase(&d), RolloutPhase::MidHook);
+    // Paused, the pods of the step come up: the hook waits for them, and stays paused.
+    scaled.paused = true;
+    scaled.replica_sets[1].replicas = 2;
+    scaled.replica_sets[1].available = 1;
+    let st = d.status;
+    let d = Case::new(s.clone(), st.clone(), scaled.clone()).decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+    assert_eq!(phase(&d), RolloutPhase::MidHook);
+    assert!(d.status.hooks.is_empty());
+    assert!(d.requeue.is_some(), "the progress deadline is a timer");
+    scaled.replica_sets[1].available = 2;
+    let d = Case::new(s, d.status, scaled).decide();
+    assert_eq!(hook(&d, "smoke").phase, HookPhase::Pending);
+}
+
+#[test]
+fn the_pause_for_a_mid_hook_is_not_undone_before_the_deployment_controller_sees_it() {
+    // Pausing bumps the generation: until it is observed, the status is stale.
+    let st = status(RolloutPhase::MidHook, vec![ok("migrate", HookPoint::Pre)]);
+    let mut unseen = rolling_dep(2, true);
+    unseen.generation = 3;
+    unseen.replica_sets[1].available = 0;
+    let d = Case::new(full(), st.clone(), unseen).decide();
+    assert!(d.effects.is_empty(), "no unpause: {:?}", d.effects);
+    assert_eq!(phase(&d), RolloutPhase::MidHook);
+    assert!(d.requeue.is_some());
+}
+
+#[test]
 fn mid_hook_runs_paused_then_the_rollout_resumes() {
     let st = status(RolloutPhase::MidHook, vec![ok("migrate", HookPoint::Pre)]);
     let d = Case::new(full(), st, rolling_dep(2, true)).decide();
@@ -838,9 +887,62 @@ fn approval_gate_waits_for_its_own_revision() {
     assert!(quiet(&c.decide(), &waiting), "another revision's approval");
     c.approve = Some(NEW);
     let d = c.decide();
-    assert_eq!(d.effects, [Effect::RemoveAnnotation(APPROVE_ANNOTATION)]);
+    assert!(d.effects.is_empty(), "the approval is recorded first");
     assert_eq!(hook(&d, "go-live").phase, HookPhase::Succeeded);
     assert_eq!(phase(&d), RolloutPhase::MidHook);
+    assert_eq!(
+        d.status
+            .consumed_annotations
+            .get(APPROVE_ANNOTATION)
+            .map(String::as_str),
+        Some(NEW)
+    );
+    // Next round (also after a crash between the two writes): the annotation goes, and nothing
+    // else is decided, so it cannot approve another gate.
+    let approved = d.status;
+    let mut c = Case::new(s.clone(), approved.clone(), rolling_dep(1, true));
+    c.approve = Some(NEW);
+    let d = c.decide();
+    assert_eq!(d.effects, [Effect::RemoveAnnotation(APPROVE_ANNOTATION)]);
+    assert!(d.status.consumed_annotations.is_empty());
+    assert_eq!(hook(&d, "go-live").phase, HookPhase::Succeeded);
+    // Removed, but the record of it lost by a crash: the record is simply dropped.
+    let d = Case::new(s, approved, rolling_dep(1, true)).decide();
+    assert!(d.effects.is_empty());
+    assert!(d.status.consumed_annotations.is_empty());
+}
+
+#[test]
+fn an_approval_is_never_lost_nor_spent_twice_whatever_write_is_lost() {
+    // Two gates of one revision at the same point: each needs its own approval.
+    let s = spec("mid: [{name: one, at: 1, approval: {}}, {name: two, at: 1, approval: {}}]");
+    let mut st = status(RolloutPhase::MidHook, vec![]);
+    let mut annotation = Some(NEW);
+    let mut rounds = 0;
+    // The annotation stays until a RemoveAnnotation effect is performed; the status of each
+    // round is written after its effects, as the reconciler does.
+    while rounds < 10 {
+        rounds += 1;
+        let mut c = Case::new(s.clone(), st.clone(), rolling_dep(1, true));
+        c.approve = annotation;
+        let d = c.decide();
+        if d.effects
+            .contains(&Effect::RemoveAnnotation(APPROVE_ANNOTATION))
+        {
+            annotation = None;
+        }
+        st = d.status;
+        if hook_status(&st, "one").phase == HookPhase::Succeeded && annotation.is_none() {
+            break;
+        }
+    }
+    assert_eq!(hook_status(&st, "one").phase, HookPhase::Succeeded);
+    let d = Case::new(s.clone(), st.clone(), rolling_dep(1, true)).decide();
+    assert_eq!(
+        hook(&d, "two").phase,
+        HookPhase::Waiting,
+        "one approval, one gate"
+    );
 }
 
 #[test]
@@ -857,9 +959,13 @@ fn retry_annotation_reruns_the_failed_revision_with_fresh_attempt_numbers() {
     assert!(c.decide().effects.is_empty(), "a retry of another revision");
     c.retry = Some(NEW);
     let d = c.decide();
-    assert_eq!(d.effects, [Effect::RemoveAnnotation(RETRY_ANNOTATION)]);
+    assert!(d.effects.is_empty(), "the retry is recorded first");
     assert_eq!(phase(&d), RolloutPhase::PreHook);
     assert_eq!(d.status.attempt_offset, 1);
+    let mut c2 = Case::new(c.spec.clone(), d.status, dep(NEW, true));
+    c2.retry = Some(NEW);
+    let d = c2.decide();
+    assert_eq!(d.effects, [Effect::RemoveAnnotation(RETRY_ANNOTATION)]);
     let d = Case::new(c.spec.clone(), d.status, dep(NEW, true)).decide();
     assert_eq!(hook(&d, "migrate").attempt, 2);
 }
