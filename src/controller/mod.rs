@@ -57,26 +57,6 @@ impl Context {
 /// its first cache is ready waiting for that cache forever.
 pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Runs both controllers until `shutdown` resolves, then returns once their
-/// in-flight reconciles have finished, or after [`DRAIN`].
-pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
-    let both = async {
-        futures::join!(
-            spread_policy::run(ctx.clone(), shutdown.clone()),
-            rollout_strategy::run(ctx, shutdown.clone()),
-        )
-    };
-    tokio::pin!(both);
-    tokio::select! {
-        _ = &mut both => {}
-        _ = shutdown.clone() => {
-            if tokio::time::timeout(DRAIN, &mut both).await.is_err() {
-                tracing::warn!(drain = ?DRAIN, "controllers did not stop in time; exiting anyway");
-            }
-        }
-    }
-}
-
 /// Waits up to `timeout` for `ready` (the controller's caches to fill), but
 /// no longer than until `shutdown`: a reconcile that started just before a
 /// SIGTERM must not hold up the graceful shutdown, whose watches no longer
