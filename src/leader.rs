@@ -14,8 +14,8 @@
 //! steps down. Its renewal is one call with no deadline of its own, and an error only makes it
 //! retry: the "leader" flag it publishes stays `true` until it reaches the API server again and
 //! sees another holder. `tests/foundation.rs` shows it against the local control plane:
-//! `kube_lease_manager_keeps_leading_while_cut_off_from_the_api_server` (ignored; run it with
-//! `--ignored` to check a newer release) cuts one manager off, and the other takes the Lease
+//! `kube_lease_manager_keeps_leading_while_cut_off_from_the_api_server` (run by `make test`; it
+//! starts failing the day a release steps down) cuts one manager off, and the other takes the Lease
 //! while the first still says it leads; `a_leader_cut_off_from_the_api_server_steps_down_before_another_leads`
 //! is the same scenario against this module.
 

@@ -661,7 +661,6 @@ async fn a_leader_cut_off_from_the_api_server_steps_down_before_another_leads() 
 /// kube-lease-manager. It passes while the crate lets a cut-off leader go on leading after
 /// another took the Lease; when it fails, the crate steps down and can replace our module.
 #[tokio::test]
-#[ignore = "evidence about a dependency candidate; run with --ignored"]
 async fn kube_lease_manager_keeps_leading_while_cut_off_from_the_api_server() {
     use kube_lease_manager::LeaseManagerBuilder;
     let c = cluster().await;
