@@ -14,7 +14,14 @@ started=false
 if ! hack/cluster-up.sh --check 2>/dev/null; then
   started=true
 fi
-cleanup() { if $started; then hack/cluster-down.sh; fi; }
+cleanup() {
+  if $started; then
+    hack/cluster-down.sh
+  else
+    # A cluster that stays up keeps no Leases of finished tests.
+    KUBECONFIG="$STATE/kubeconfig" hack/gc-test-leases.sh || true
+  fi
+}
 trap cleanup EXIT
 hack/cluster-up.sh
 
