@@ -19,7 +19,7 @@ cleanup() {
     hack/cluster-down.sh
   else
     # A cluster that stays up keeps no Leases of finished tests.
-    KUBECONFIG="$STATE/kubeconfig" hack/gc-test-leases.sh || true
+    KUBECONFIG="$STATE/kubeconfig" PATH="$STATE/bin:$PATH" hack/gc-test-leases.sh || true
   fi
 }
 trap cleanup EXIT
