@@ -2,7 +2,9 @@
 //! from hand-built observations.
 
 use super::*;
-use crate::controller::rollout_strategy::observe::{PodView, ReplicaSetView, Terminated};
+use crate::api::{HookPhase, HookStatus};
+use crate::controller::rollout_strategy::hooks;
+use crate::controller::rollout_strategy::observe::{JobState, PodView, ReplicaSetView, Terminated};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde_json::json;
 

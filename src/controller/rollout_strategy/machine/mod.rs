@@ -1,0 +1,415 @@
+//! THE state machine of a RolloutStrategy: `(observed state) -> next action`, pure.
+//!
+//! [`decide`] gets the strategy's spec and status, the target Deployment, the hook Jobs and the
+//! time, and returns one [`Decision`]: the writes to make (in order), the status to record after
+//! them, the Events to publish and when to look again. The caller performs it and calls
+//! [`decide`] again with what it then observes, until a decision changes nothing. Every step is
+//! derived from status plus observation, so a restart at any moment resumes where it was: each
+//! write is either recorded in status before the next step depends on it, or can be seen on the
+//! cluster (a Job exists, the Deployment is paused, the template is the stable one).
+
+use super::observe::{DeploymentView, HookPod, JobView};
+use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
+use crate::api::{HookPoint, RolloutPhase, RolloutStrategySpec, RolloutStrategyStatus};
+use crate::k8s::conditions::{Status, set_condition};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::time::Duration;
+
+/// First retry backoff; doubled per attempt.
+pub const BACKOFF_BASE_SECONDS: i64 = 5;
+/// Longest retry backoff.
+pub const BACKOFF_MAX_SECONDS: i64 = 300;
+
+/// A write the controller makes. Performed in the order given, before the status is recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// `spec.paused: true` (server-side apply).
+    Pause,
+    /// `spec.paused: false` (server-side apply).
+    Unpause,
+    /// `spec.replicas` (Recreate mid hooks, and bringing them back).
+    Scale(i32),
+    /// Put `status.stableTemplate` back as `spec.template`.
+    RestoreTemplate,
+    /// Create (or adopt) the Job of one attempt of a hook for `revision`.
+    CreateJob {
+        point: HookPoint,
+        hook: String,
+        revision: String,
+        attempt: i32,
+    },
+    /// Delete a hook Job (and its pods).
+    DeleteJob(String),
+    /// Remove an annotation of the strategy once acted on.
+    RemoveAnnotation(&'static str),
+}
+
+impl Effect {
+    /// Whether this effect writes the Deployment (rather than a Job or the strategy).
+    pub fn writes_deployment(&self) -> bool {
+        matches!(
+            self,
+            Effect::Pause | Effect::Unpause | Effect::Scale(_) | Effect::RestoreTemplate
+        )
+    }
+
+    /// What the write does, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Effect::Pause => "pausing the Deployment".into(),
+            Effect::Unpause => "unpausing the Deployment".into(),
+            Effect::Scale(n) => format!("scaling the Deployment to {n}"),
+            Effect::RestoreTemplate => "restoring the stable pod template".into(),
+            Effect::CreateJob { hook, .. } => format!("creating the Job of hook {hook}"),
+            Effect::DeleteJob(j) => format!("deleting Job {j}"),
+            Effect::RemoveAnnotation(a) => format!("removing annotation {a}"),
+        }
+    }
+}
+
+/// A write the API server refused for good (a 4xx other than a conflict or throttling): the
+/// machine records it instead of trying the same write again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub effect: Effect,
+    /// HTTP status code of the refusal.
+    pub code: u16,
+    /// The API server's message.
+    pub message: String,
+}
+
+/// An Event to publish about a transition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// A finished hook run, for metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HookResult {
+    pub point: HookPoint,
+    pub result: &'static str,
+    pub seconds: f64,
+}
+
+/// What to do now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    pub effects: Vec<Effect>,
+    pub status: RolloutStrategyStatus,
+    pub events: Vec<Note>,
+    pub hook_results: Vec<HookResult>,
+    /// Finished Jobs beyond `hookHistoryLimit` (only offered when nothing else is to be done).
+    pub prune: Vec<String>,
+    /// Look again after this long even without a change (a timeout or a backoff ends).
+    pub requeue: Option<Duration>,
+}
+
+impl Decision {
+    /// Whether performing this decision changes anything.
+    pub fn changes(&self, old: &RolloutStrategyStatus) -> bool {
+        !self.effects.is_empty() || self.status != *old
+    }
+}
+
+/// Everything a decision is made from.
+pub struct Input<'a> {
+    /// Name of the strategy (hook Job names start with it).
+    pub name: &'a str,
+    pub generation: Option<i64>,
+    pub spec: &'a RolloutStrategySpec,
+    pub status: &'a RolloutStrategyStatus,
+    /// Value of `ballast.dev/approve`.
+    pub approve: Option<&'a str>,
+    /// Value of `ballast.dev/retry`.
+    pub retry: Option<&'a str>,
+    pub deployment: Option<&'a DeploymentView>,
+    pub jobs: &'a [JobView],
+    pub now: Timestamp,
+    /// An older RolloutStrategy that targets the same Deployment: this one then stands aside
+    /// (writes nothing) and says so.
+    pub governed_by: Option<&'a str>,
+    /// Pods of this strategy's hook Jobs that have not terminated (deleting ones included): no
+    /// new hook Job is created while one exists, so two pods of a hook never run at once.
+    pub live_pods: &'a [HookPod],
+    /// A write of the previous decision that the API server refused.
+    pub rejected: Option<&'a Rejection>,
+}
+
+/// How a revision's sequence starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// A new template: attempts continue after any earlier run of this revision, so an old Job
+    /// is never taken for a new run.
+    New,
+    /// `ballast.dev/retry`: like `New`, after the attempts of the failed run too.
+    Retry,
+    /// Adoption with no status (a new strategy, or its status lost): the Jobs that exist for
+    /// this revision are this sequence's own, and are adopted instead of run again.
+    Adopt,
+}
+
+/// The CamelCase name of a phase.
+pub fn phase_name(p: RolloutPhase) -> &'static str {
+    match p {
+        RolloutPhase::Idle => "Idle",
+        RolloutPhase::PreHook => "PreHook",
+        RolloutPhase::Rolling => "Rolling",
+        RolloutPhase::MidHook => "MidHook",
+        RolloutPhase::WaitingApproval => "WaitingApproval",
+        RolloutPhase::PostHook => "PostHook",
+        RolloutPhase::Succeeded => "Succeeded",
+        RolloutPhase::Failed => "Failed",
+        RolloutPhase::RolledBack => "RolledBack",
+    }
+}
+
+/// Whether a revision's sequence is under way.
+pub fn in_progress(p: RolloutPhase) -> bool {
+    matches!(
+        p,
+        RolloutPhase::PreHook
+            | RolloutPhase::Rolling
+            | RolloutPhase::MidHook
+            | RolloutPhase::WaitingApproval
+            | RolloutPhase::PostHook
+    )
+}
+
+/// Backoff before attempt `n + 1` after the `n`th (from 1) failed: 5s·2^(n-1), capped.
+pub fn backoff(n: i32) -> SignedDuration {
+    let exp = u32::try_from(n.clamp(1, 20) - 1).unwrap_or(0);
+    SignedDuration::from_secs(
+        BACKOFF_BASE_SECONDS
+            .saturating_mul(2i64.saturating_pow(exp))
+            .min(BACKOFF_MAX_SECONDS),
+    )
+}
+
+fn point_phase(p: HookPoint) -> RolloutPhase {
+    match p {
+        HookPoint::Pre => RolloutPhase::PreHook,
+        HookPoint::Mid => RolloutPhase::MidHook,
+        HookPoint::Post => RolloutPhase::PostHook,
+    }
+}
+
+fn short(rev: Option<&str>) -> &str {
+    rev.unwrap_or("none")
+}
+
+/// How far the hooks of one point got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Run {
+    /// Something changed (recorded in status or an effect); decide again afterwards.
+    Acted,
+    /// A hook runs or waits.
+    Waiting,
+    /// The revision failed.
+    Failed,
+    /// Every hook is done.
+    Done,
+}
+
+struct Machine<'a> {
+    i: &'a Input<'a>,
+    st: RolloutStrategyStatus,
+    d: Decision,
+}
+
+/// Decides the next step. See the module documentation.
+pub fn decide(i: &Input) -> Decision {
+    let mut m = Machine {
+        i,
+        st: i.status.clone(),
+        d: Decision::default(),
+    };
+    m.st.observed_generation = i.generation;
+    if !m.clear_consumed() {
+        m.step();
+    }
+    m.finish()
+}
+
+impl<'a> Machine<'a> {
+    fn now(&self) -> Timestamp {
+        self.i.now
+    }
+
+    fn phase(&self) -> RolloutPhase {
+        self.st.phase.unwrap_or_default()
+    }
+
+    fn set_phase(&mut self, p: RolloutPhase) {
+        if self.st.phase != Some(p) {
+            self.st.phase = Some(p);
+            self.st.phase_transition_time = Some(Time(self.now()));
+        }
+    }
+
+    fn effect(&mut self, e: Effect) {
+        self.d.effects.push(e);
+    }
+
+    fn event(&mut self, warning: bool, reason: &'static str, message: String) {
+        self.d.events.push(Note {
+            warning,
+            reason,
+            message,
+        });
+    }
+
+    fn requeue_in(&mut self, d: SignedDuration) {
+        let secs = d.as_secs_f64().max(0.0) + 0.5;
+        let d = Duration::from_secs_f64(secs.min(3600.0));
+        self.d.requeue = Some(self.d.requeue.map_or(d, |r| r.min(d)));
+    }
+
+    /// An approval or retry acted on is recorded in status first (`consume`); the annotation is
+    /// removed in the next round, on its own, once that record is written. Returns whether there
+    /// was one to clear (then nothing else is decided this round).
+    fn clear_consumed(&mut self) -> bool {
+        if self.st.consumed_annotations.is_empty() {
+            return false;
+        }
+        for (key, value) in [
+            (APPROVE_ANNOTATION, self.i.approve),
+            (RETRY_ANNOTATION, self.i.retry),
+        ] {
+            if value.is_some() && self.st.consumed_annotations.get(key).map(String::as_str) == value
+            {
+                self.effect(Effect::RemoveAnnotation(key));
+            }
+        }
+        self.st.consumed_annotations.clear();
+        true
+    }
+
+    /// Records that `key=value` was acted on; `clear_consumed` removes it next round.
+    fn consume(&mut self, key: &'static str, value: &str) {
+        self.st
+            .consumed_annotations
+            .insert(key.to_string(), value.to_string());
+    }
+
+    fn current(&self) -> String {
+        self.st.current_revision.clone().unwrap_or_default()
+    }
+
+    fn step(&mut self) {
+        let Some(dep) = self.i.deployment else {
+            if self.st.phase.is_none() {
+                self.set_phase(RolloutPhase::Idle);
+            }
+            self.st.message = Some(format!(
+                "Deployment {} not found in this namespace",
+                self.i.spec.target_ref.name
+            ));
+            return;
+        };
+        if let Some(other) = self.i.governed_by {
+            if self.st.phase.is_none() {
+                self.set_phase(RolloutPhase::Idle);
+            }
+            self.st.message = Some(format!(
+                "Deployment {} is governed by RolloutStrategy {other}, the oldest strategy targeting it; this one does nothing",
+                dep.name
+            ));
+            return;
+        }
+        if self
+            .st
+            .target_uid
+            .as_deref()
+            .is_some_and(|uid| uid != dep.uid)
+        {
+            self.replaced(dep);
+        }
+        self.st.target_uid = Some(dep.uid.clone());
+        self.st.replicas = Some(dep.status_replicas);
+        self.st.updated_replicas = Some(dep.updated_replicas);
+        self.st.ready_replicas = Some(dep.ready_replicas);
+        self.st.available_replicas = Some(dep.available_replicas);
+
+        if let Some(r) = self.i.rejected.filter(|r| r.effect.writes_deployment()) {
+            self.write_refused(r);
+            return;
+        }
+        if let Some(job) = self.stray_active_job(dep) {
+            self.effect(Effect::DeleteJob(job));
+            return;
+        }
+        if self.st.stable_revision.is_none() && self.st.current_revision.is_none() {
+            self.adopt(dep);
+        } else if in_progress(self.phase()) {
+            self.progress(dep);
+        } else {
+            self.at_rest(dep);
+        }
+    }
+
+    fn finish(mut self) -> Decision {
+        let phase = self.phase();
+        let generation = self.i.generation;
+        let now = self.now();
+        let reason = phase_name(phase);
+        let message = self.st.message.clone().unwrap_or_default();
+        let ready = matches!(phase, RolloutPhase::Idle | RolloutPhase::Succeeded)
+            && self.i.governed_by.is_none();
+        let reason = if self.i.governed_by.is_some() {
+            "Conflicted"
+        } else {
+            reason
+        };
+        let failed = matches!(phase, RolloutPhase::Failed | RolloutPhase::RolledBack);
+        let c = &mut self.st.conditions;
+        set_condition(
+            c,
+            "Ready",
+            Status::from(ready),
+            reason,
+            &message,
+            generation,
+            now,
+        );
+        set_condition(
+            c,
+            "Progressing",
+            Status::from(in_progress(phase)),
+            reason,
+            &message,
+            generation,
+            now,
+        );
+        set_condition(
+            c,
+            "Failed",
+            Status::from(failed),
+            reason,
+            &message,
+            generation,
+            now,
+        );
+        let mut d = self.d;
+        d.status = self.st;
+        if d.effects.is_empty() && d.status == *self.i.status {
+            let m = Machine {
+                i: self.i,
+                st: d.status.clone(),
+                d: Decision::default(),
+            };
+            d.prune = m.prunable();
+        }
+        d
+    }
+}
+
+mod adopt;
+mod progress;
+mod rest;
+mod run;
+#[cfg(test)]
+mod tests;

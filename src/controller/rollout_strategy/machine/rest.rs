@@ -1,0 +1,112 @@
+//! A revision's end: failure, what happens to the Deployment at rest (rollback, halt, retry),
+//! and which finished hook Jobs to prune.
+
+use super::super::observe::{DeploymentView, JobView};
+use super::{Effect, Machine, Start, short};
+use crate::api::rollout_strategy::RETRY_ANNOTATION;
+use crate::api::{OnFailure, RolloutPhase};
+
+impl Machine<'_> {
+    /// The current revision failed; what happens to the Deployment is decided at rest.
+    pub(super) fn fail(&mut self, message: String) {
+        self.set_phase(RolloutPhase::Failed);
+        self.st.message = Some(message.clone());
+        self.event(true, "RolloutFailed", message);
+    }
+
+    pub(super) fn at_rest(&mut self, dep: &DeploymentView) {
+        let cur = self.st.current_revision.clone();
+        let stable = self.st.stable_revision.clone();
+        let rev = Some(dep.revision.clone());
+        let phase = self.phase();
+        let failed = matches!(phase, RolloutPhase::Failed | RolloutPhase::RolledBack);
+
+        if phase == RolloutPhase::Failed
+            && self.i.spec.on_failure == OnFailure::Rollback
+            && self.st.stable_template.is_some()
+            && (rev == cur || rev == stable)
+            && cur != stable
+        {
+            if rev == cur {
+                self.effect(Effect::RestoreTemplate);
+            }
+            self.set_phase(RolloutPhase::RolledBack);
+            let msg = format!(
+                "revision {} failed; rolled back to revision {}",
+                short(cur.as_deref()),
+                short(stable.as_deref())
+            );
+            self.event(true, "RolledBack", msg.clone());
+            let why = self.st.message.take().unwrap_or_default();
+            self.st.message = Some(format!("{msg}: {why}"));
+            return;
+        }
+        if self.restore_replicas(dep, false) {
+            return;
+        }
+        if failed && self.i.retry.is_some() && self.i.retry == cur.as_deref() {
+            if rev == cur {
+                self.consume(RETRY_ANNOTATION, &dep.revision);
+                if !dep.paused {
+                    self.effect(Effect::Pause);
+                }
+                self.start_sequence(dep.revision.clone(), Start::Retry);
+                return;
+            }
+            self.st.message = Some(format!(
+                "{RETRY_ANNOTATION}={}: the Deployment's template is no longer that revision; apply it again to retry",
+                short(cur.as_deref())
+            ));
+        }
+        if rev == stable {
+            if failed && !dep.complete() {
+                // Back to the stable ReplicaSet: let the Deployment controller finish that.
+                if dep.paused {
+                    self.effect(Effect::Unpause);
+                }
+                return;
+            }
+            if !dep.paused {
+                self.effect(Effect::Pause);
+            }
+            return;
+        }
+        if failed && rev == cur {
+            if !dep.paused {
+                self.effect(Effect::Pause);
+            }
+            return;
+        }
+        if !dep.paused {
+            self.effect(Effect::Pause);
+        }
+        self.start_sequence(dep.revision.clone(), Start::New);
+    }
+
+    /// Finished hook Jobs beyond `hookHistoryLimit` per hook, newest kept.
+    pub(super) fn prunable(&self) -> Vec<String> {
+        let limit = usize::try_from(self.i.spec.hook_history_limit.max(0)).unwrap_or(0);
+        let open: Vec<String> = self
+            .st
+            .hooks
+            .iter()
+            .filter(|e| Self::is_open(e))
+            .map(|e| self.job_name(e))
+            .collect();
+        let mut by_hook: std::collections::BTreeMap<&str, Vec<&JobView>> = Default::default();
+        for j in self.i.jobs.iter().filter(|j| j.finished()) {
+            by_hook.entry(j.hook.as_str()).or_default().push(j);
+        }
+        let mut out = vec![];
+        for (_, mut jobs) in by_hook {
+            jobs.sort_by(|a, b| b.created.cmp(&a.created).then(b.name.cmp(&a.name)));
+            out.extend(
+                jobs.into_iter()
+                    .skip(limit)
+                    .filter(|j| !open.contains(&j.name))
+                    .map(|j| j.name.clone()),
+            );
+        }
+        out
+    }
+}

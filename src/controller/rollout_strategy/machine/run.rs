@@ -1,0 +1,418 @@
+//! Running one hook: its status entry, its Job (created once per attempt, or adopted), how it
+//! ended, timeouts, retries and approval gates.
+
+use super::super::hooks;
+use super::super::observe::{DeploymentView, JobState};
+use super::{Effect, HookResult, Machine, Run, backoff, point_phase};
+use crate::api::rollout_strategy::APPROVE_ANNOTATION;
+use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, HookStatus, RolloutPhase};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+impl Machine<'_> {
+    pub(super) fn run_hooks(
+        &mut self,
+        point: HookPoint,
+        hooks: &[Hook],
+        dep: &DeploymentView,
+    ) -> Run {
+        for hook in hooks {
+            match self.run_hook(point, hook, dep) {
+                Run::Done => continue,
+                other => return other,
+            }
+        }
+        Run::Done
+    }
+
+    pub(super) fn run_hook(&mut self, point: HookPoint, hook: &Hook, dep: &DeploymentView) -> Run {
+        let rev = self.current();
+        let gate = hook.approval.is_some();
+        let Some(idx) = self.st.hooks.iter().position(|e| e.name == hook.name) else {
+            // A Job of this hook and revision beyond the attempts already used (one made before
+            // the status was lost) is this run: it is adopted, never run a second time.
+            let uid = dep.uid.as_str();
+            let attempt = self
+                .i
+                .jobs
+                .iter()
+                .filter(|j| j.hook == hook.name && j.revision == rev && j.targets(uid))
+                .map(|j| j.attempt)
+                .filter(|a| *a > self.st.attempt_offset)
+                .max()
+                .unwrap_or(self.st.attempt_offset + 1);
+            self.st.hooks.push(HookStatus {
+                name: hook.name.clone(),
+                point,
+                revision: rev.clone(),
+                attempt,
+                phase: if gate {
+                    HookPhase::Waiting
+                } else {
+                    HookPhase::Pending
+                },
+                start_time: Some(Time(self.now())),
+                ..Default::default()
+            });
+            self.st.current_hook = Some(hook.name.clone());
+            if gate {
+                self.set_phase(RolloutPhase::WaitingApproval);
+                self.st.message = Some(format!(
+                    "waiting for approval: annotate this RolloutStrategy {APPROVE_ANNOTATION}={rev}"
+                ));
+                self.event(
+                    false,
+                    "HookStarted",
+                    format!(
+                        "approval gate {} waits for {APPROVE_ANNOTATION}={rev}",
+                        hook.name
+                    ),
+                );
+            } else {
+                self.set_phase(point_phase(point));
+                self.st.message = Some(format!(
+                    "revision {rev}: {} hook {} (attempt {attempt})",
+                    point.as_str(),
+                    hook.name
+                ));
+                self.event(
+                    false,
+                    "HookStarted",
+                    format!(
+                        "{} hook {} for revision {rev}, attempt {attempt}",
+                        point.as_str(),
+                        hook.name
+                    ),
+                );
+            }
+            return Run::Acted;
+        };
+        let e = self.st.hooks[idx].clone();
+        match e.phase {
+            HookPhase::Succeeded | HookPhase::Skipped => Run::Done,
+            HookPhase::Failed => {
+                if hook.failure_policy == FailurePolicy::Ignore {
+                    return Run::Done;
+                }
+                let used = e.attempt - self.st.attempt_offset;
+                if hook.failure_policy == FailurePolicy::Retry && used <= hook.retries {
+                    self.set_phase(point_phase(point));
+                    self.st.current_hook = Some(hook.name.clone());
+                    let finished = e.finish_time.as_ref().map_or(self.now(), |t| t.0);
+                    let ready_at = finished + backoff(used);
+                    if self.now() < ready_at {
+                        self.requeue_in(ready_at.duration_since(self.now()));
+                        return Run::Waiting;
+                    }
+                    let attempt = e.attempt + 1;
+                    self.st.hooks[idx] = HookStatus {
+                        name: hook.name.clone(),
+                        point,
+                        revision: rev.clone(),
+                        attempt,
+                        phase: HookPhase::Pending,
+                        start_time: Some(Time(self.now())),
+                        ..Default::default()
+                    };
+                    self.st.message = Some(format!(
+                        "revision {rev}: {} hook {} (attempt {attempt})",
+                        point.as_str(),
+                        hook.name
+                    ));
+                    self.event(
+                        false,
+                        "HookStarted",
+                        format!(
+                            "{} hook {} for revision {rev}, attempt {attempt} (retry)",
+                            point.as_str(),
+                            hook.name
+                        ),
+                    );
+                    return Run::Acted;
+                }
+                let msg = format!("hook {} failed", hook.name);
+                self.fail(msg);
+                Run::Failed
+            }
+            HookPhase::Waiting => {
+                self.st.current_hook = Some(hook.name.clone());
+                if self.i.approve == Some(rev.as_str()) {
+                    self.consume(APPROVE_ANNOTATION, &rev);
+                    let entry = &mut self.st.hooks[idx];
+                    entry.phase = HookPhase::Succeeded;
+                    entry.reason = Some("Approved".into());
+                    entry.message = Some(format!("approved by {APPROVE_ANNOTATION}={rev}"));
+                    entry.finish_time = Some(Time(self.i.now));
+                    self.set_phase(point_phase(point));
+                    self.event(
+                        false,
+                        "HookSucceeded",
+                        format!("approval gate {} approved for revision {rev}", hook.name),
+                    );
+                    return Run::Acted;
+                }
+                self.set_phase(RolloutPhase::WaitingApproval);
+                Run::Waiting
+            }
+            HookPhase::Pending | HookPhase::Running => {
+                self.st.current_hook = Some(hook.name.clone());
+                self.track(idx, point, hook, Some(dep))
+            }
+        }
+    }
+
+    /// Follows the Job of an open hook entry: creates or adopts it, records how it ended, and
+    /// fails it when it cannot start or runs too long. `dep` is `None` for a hook of a
+    /// superseded revision, whose Job is never created anew.
+    pub(super) fn track(
+        &mut self,
+        idx: usize,
+        point: HookPoint,
+        hook: &Hook,
+        dep: Option<&DeploymentView>,
+    ) -> Run {
+        let e = self.st.hooks[idx].clone();
+        let name = self.job_name(&e);
+        let Some(job) = self.i.jobs.iter().find(|j| j.name == name) else {
+            if e.job_name.is_none() {
+                let Some(dep) = dep else { return Run::Done };
+                let create = Effect::CreateJob {
+                    point,
+                    hook: hook.name.clone(),
+                    revision: e.revision.clone(),
+                    attempt: e.attempt,
+                };
+                if let Some(r) = self.i.rejected.filter(|r| r.effect == create) {
+                    return self.record_failure(
+                        idx,
+                        point,
+                        hook,
+                        None,
+                        "JobRejected".into(),
+                        format!(
+                            "the API server refused to create Job {name} (HTTP {}): {}",
+                            r.code, r.message
+                        ),
+                        None,
+                    );
+                }
+                if let Some(p) = self.i.live_pods.iter().find(|p| p.job != name) {
+                    // An earlier attempt (or a renamed hook) still has a pod: the next one
+                    // starts once it is gone (the pod watch says when). Bounded by the pending
+                    // timeout.
+                    let detail = format!("pod {} of Job {} is still terminating", p.name, p.job);
+                    self.st.message = Some(format!(
+                        "revision {}: {} hook {} waits: {detail}",
+                        e.revision,
+                        point.as_str(),
+                        hook.name,
+                    ));
+                    return self.pending_deadline(idx, point, hook, None, "PendingTimeout", detail);
+                }
+                if let Err(err) = hooks::validate(hook, &dep.template) {
+                    return self.record_failure(
+                        idx,
+                        point,
+                        hook,
+                        None,
+                        "InvalidHook".into(),
+                        err.to_string(),
+                        None,
+                    );
+                }
+                self.effect(create);
+                self.st.hooks[idx].job_name = Some(name);
+                return Run::Acted;
+            }
+            return self.record_failure(
+                idx,
+                point,
+                hook,
+                None,
+                "JobDeleted".into(),
+                format!("hook Job {name} was deleted before it finished"),
+                None,
+            );
+        };
+        if e.job_name.is_none() {
+            // Created before a restart and adopted now.
+            self.st.hooks[idx].job_name = Some(name.clone());
+        }
+        match &job.state {
+            JobState::Succeeded { finished } => {
+                let finished = finished.unwrap_or(self.now());
+                let entry = &mut self.st.hooks[idx];
+                entry.phase = HookPhase::Succeeded;
+                entry.exit_code = Some(0);
+                entry.finish_time = Some(Time(finished));
+                let seconds = entry
+                    .start_time
+                    .as_ref()
+                    .map_or(0.0, |s| finished.duration_since(s.0).as_secs_f64().max(0.0));
+                self.d.hook_results.push(HookResult {
+                    point,
+                    result: "succeeded",
+                    seconds,
+                });
+                self.event(
+                    false,
+                    "HookSucceeded",
+                    format!(
+                        "{} hook {} succeeded for revision {} (attempt {}, Job {name})",
+                        point.as_str(),
+                        hook.name,
+                        e.revision,
+                        e.attempt
+                    ),
+                );
+                Run::Acted
+            }
+            JobState::Failed {
+                reason, message, ..
+            } => {
+                let term = job.pod.as_ref().and_then(|p| p.terminated.clone());
+                let exit = term.as_ref().map(|t| t.exit_code);
+                let (reason, message) = match (&term, reason.as_str()) {
+                    (Some(t), "BackoffLimitExceeded" | "PodFailurePolicy") => (
+                        t.reason.clone().unwrap_or_else(|| reason.clone()),
+                        t.message.clone().unwrap_or_else(|| message.clone()),
+                    ),
+                    _ => (reason.clone(), message.clone()),
+                };
+                let tail = job.log_tail.clone().or_else(|| {
+                    term.as_ref()
+                        .and_then(|t| t.message.clone())
+                        .filter(|m| !m.is_empty())
+                });
+                self.record_failure(idx, point, hook, exit, reason, message, tail)
+            }
+            JobState::Active => {
+                let pod = job.pod.clone().unwrap_or_default();
+                if let Some(since) = pod.running_since {
+                    if e.phase == HookPhase::Pending {
+                        self.st.hooks[idx].phase = HookPhase::Running;
+                    }
+                    let limit = SignedDuration::from_secs(i64::from(hook.timeout_seconds));
+                    let left = limit - self.now().duration_since(since);
+                    if left.is_negative() {
+                        return self.record_failure(
+                            idx,
+                            point,
+                            hook,
+                            None,
+                            "DeadlineExceeded".into(),
+                            format!("ran longer than timeoutSeconds ({}s)", hook.timeout_seconds),
+                            None,
+                        );
+                    }
+                    self.requeue_in(left);
+                    return Run::Waiting;
+                }
+                let why = pod.waiting_reason.as_deref().unwrap_or("PendingTimeout");
+                let detail = pod.waiting_message.clone().unwrap_or_default();
+                self.pending_deadline(idx, point, hook, job.created, why, detail)
+            }
+        }
+    }
+
+    /// Fails a hook that has not started within `pendingTimeoutSeconds` of its entry, with
+    /// `why` (CamelCase) and `detail`; otherwise looks again when the limit would pass.
+    pub(super) fn pending_deadline(
+        &mut self,
+        idx: usize,
+        point: HookPoint,
+        hook: &Hook,
+        created: Option<Timestamp>,
+        why: &str,
+        detail: String,
+    ) -> Run {
+        let e = &self.st.hooks[idx];
+        let start = e
+            .start_time
+            .as_ref()
+            .map(|t| t.0)
+            .or(created)
+            .unwrap_or(self.now());
+        let limit = SignedDuration::from_secs(i64::from(hook.pending_timeout_seconds));
+        let left = limit - self.now().duration_since(start);
+        if left.is_negative() {
+            return self.record_failure(
+                idx,
+                point,
+                hook,
+                None,
+                why.to_string(),
+                format!(
+                    "did not start within pendingTimeoutSeconds ({}s){}{}",
+                    hook.pending_timeout_seconds,
+                    if detail.is_empty() { "" } else { ": " },
+                    detail
+                ),
+                None,
+            );
+        }
+        self.requeue_in(left);
+        Run::Waiting
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_failure(
+        &mut self,
+        idx: usize,
+        point: HookPoint,
+        hook: &Hook,
+        exit_code: Option<i32>,
+        reason: String,
+        message: String,
+        log_tail: Option<String>,
+    ) -> Run {
+        let now = self.now();
+        let entry = &mut self.st.hooks[idx];
+        entry.phase = HookPhase::Failed;
+        entry.exit_code = exit_code;
+        entry.reason = Some(reason.clone());
+        entry.message = Some(message.clone());
+        entry.log_tail = log_tail.clone();
+        entry.finish_time = Some(Time(now));
+        let seconds = entry
+            .start_time
+            .as_ref()
+            .map_or(0.0, |s| now.duration_since(s.0).as_secs_f64().max(0.0));
+        let (attempt, revision) = (entry.attempt, entry.revision.clone());
+        let used = attempt - self.st.attempt_offset;
+        let retrying = hook.failure_policy == FailurePolicy::Retry && used <= hook.retries;
+        let ignored = hook.failure_policy == FailurePolicy::Ignore;
+        self.d.hook_results.push(HookResult {
+            point,
+            result: if ignored { "ignored" } else { "failed" },
+            seconds,
+        });
+        let mut note = format!(
+            "{} hook {} failed for revision {revision} (attempt {attempt}): {reason}",
+            point.as_str(),
+            hook.name
+        );
+        if let Some(code) = exit_code {
+            note.push_str(&format!(", exit code {code}"));
+        }
+        if !message.is_empty() {
+            note.push_str(&format!(": {message}"));
+        }
+        if let Some(tail) = &log_tail {
+            note.push_str(&format!("; log: {tail}"));
+        }
+        note.push_str(if retrying {
+            "; retrying"
+        } else if ignored {
+            "; ignored (failurePolicy Ignore)"
+        } else {
+            ""
+        });
+        self.event(true, "HookFailed", note.clone());
+        if retrying || ignored {
+            return Run::Acted;
+        }
+        self.fail(note);
+        Run::Failed
+    }
+}
