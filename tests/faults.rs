@@ -328,11 +328,143 @@ async fn f9_a_deployment_created_again_under_the_same_name_is_adopted_afresh() {
         s.hooks.len() == 1 && s.hooks[0].phase == HookPhase::Succeeded,
         format!("the new object's pre hook ran: {:?}", s.hooks),
     );
+    f9_recreate_mid_hook(&env, &mut failures).await;
     verdict(
         "F9",
-        "Deployment deleted and created again with the same name during Idle and PreHook",
-        "status tied to the new UID; stable template is the new object's; the old template never reappears; the new one's pre hook runs before its first pods",
+        "Deployment deleted and created again with the same name during Idle, PreHook, and a Recreate mid hook",
+        "status tied to the new UID; stable template is the new object's; the old template never reappears; the new one's pre hook runs before its first pods; Recreate: the old object's mid hook Job is cancelled and never succeeds, the new one's mid hook runs once before any of its ReplicaSets exists, and the replica count is the new object's, not the one the old object had set aside",
         &failures,
+    );
+}
+
+/// F9, Recreate: the Deployment is deleted while its mid hook runs, i.e. while ballast holds it
+/// scaled to 0 with its replica count set aside in status. The new object (created paused, with
+/// its own replica count) is a new target: nothing set aside for the old one is given to it, the
+/// old one's mid hook Job is stopped, and the new one's mid hook runs once, before any of its pods.
+async fn f9_recreate_mid_hook(env: &Env, failures: &mut Vec<String>) {
+    const RECREATE: &str = "{type: Recreate}";
+    env.apply(&strategy(&format!(
+        "  mid: [{{name: smoke, at: 1, job: {}}}]\n",
+        job_hook("s:1", "20s", false)
+    )));
+    env.deployments()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let old_uid = env.deployment("web").await.uid().unwrap();
+    env.set_image("web", "web:8").await;
+    env.wait_status("web", "smoke running on the scaled-down web:8", 60, |s| {
+        s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
+    })
+    .await;
+    let before = env.deployment("web").await;
+    check(
+        failures,
+        before.spec.as_ref().and_then(|s| s.replicas) == Some(0),
+        "Recreate: scaled to 0 while the mid hook runs",
+    );
+    let sampler = Sampler::start(env);
+    env.deployments()
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let api = env.deployments();
+    wait_until("the Deployment gone", Duration::from_secs(30), || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let created = Instant::now();
+    env.apply(&deployment_yaml("web", "web:9", 3, true, RECREATE));
+    let uid9 = env.deployment("web").await.uid();
+    let s = env
+        .wait_status("web", "web:9 rolled out", 120, |s| {
+            s.target_uid == uid9 && s.phase == Some(RolloutPhase::Succeeded)
+        })
+        .await;
+    wait_available(env, "web", 3).await;
+    let snaps = sampler.stop().await;
+    let d = env.deployment("web").await;
+    let rev9 = s.current_revision.clone().unwrap_or_default();
+    check(
+        failures,
+        image_of(&d) == "web:9" && d.spec.as_ref().and_then(|s| s.replicas) == Some(3),
+        format!(
+            "Recreate: the new object keeps its template and its 3 replicas: {} x {:?}",
+            image_of(&d),
+            d.spec.as_ref().and_then(|s| s.replicas)
+        ),
+    );
+    check(
+        failures,
+        s.original_replicas.is_none(),
+        format!("nothing left set aside: {:?}", s.original_replicas),
+    );
+    let foreign: Vec<&String> = snaps
+        .iter()
+        .filter(|s| s.at > created)
+        .flat_map(|s| s.rs_replicas.iter().map(|(i, _)| i).chain(&s.app_images))
+        .filter(|i| *i != "web:9")
+        .collect();
+    check(
+        failures,
+        foreign.is_empty(),
+        format!("Recreate: the old template never reappears (ReplicaSets or pods of {foreign:?})"),
+    );
+    let jobs = env.all_jobs().await;
+    let uid_of = |j: &k8s_openapi::api::batch::v1::Job| {
+        j.annotations().get("ballast.dev/target-uid").cloned()
+    };
+    let old_smoke_succeeded = snaps
+        .iter()
+        .flat_map(|s| s.succeeded_jobs.iter())
+        .any(|n| n.starts_with("web-smoke-") && !n.contains(&rev9));
+    check(
+        failures,
+        !old_smoke_succeeded
+            && !job_of(&jobs, "smoke").iter().any(|j| {
+                uid_of(j).as_deref() == Some(old_uid.as_str())
+                    && j.status.as_ref().and_then(|s| s.succeeded) == Some(1)
+            }),
+        "Recreate: the old object's mid hook Job never succeeded (it was stopped)",
+    );
+    let new_smoke: Vec<_> = job_of(&jobs, "smoke")
+        .into_iter()
+        .filter(|j| uid_of(j) == uid9)
+        .collect();
+    check(
+        failures,
+        new_smoke.len() == 1
+            && new_smoke[0]
+                .labels()
+                .get("ballast.dev/attempt")
+                .map(String::as_str)
+                == Some("1")
+            && new_smoke[0].status.as_ref().and_then(|s| s.succeeded) == Some(1),
+        format!(
+            "Recreate: one smoke Job for the new object, attempt 1, succeeded: {:?}",
+            new_smoke.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+        ),
+    );
+    check(
+        failures,
+        most_live_hook_pods(&snaps, &["smoke"], &rev9) <= 1,
+        "never two smoke pods live at once",
+    );
+    let rss = env.replica_sets().await;
+    let first_rs = rss.iter().map(|r| ts(&r.metadata.creation_timestamp)).min();
+    let smoke_done = job_completed(&jobs, "smoke", &rev9);
+    check(
+        failures,
+        matches!((first_rs, smoke_done), (Some(rs), Some(done)) if rs >= done),
+        format!(
+            "Recreate: the new object's first ReplicaSet ({first_rs:?}) only after its mid hook completed ({smoke_done:?})"
+        ),
     );
 }
 
