@@ -574,7 +574,9 @@ async fn wait_paused_again(env: &Env) -> bool {
 ///   no pod of the new revision may start before the pre hooks pass, and an approval gate stays
 ///   closed (the rollout does not move past its point) until it is approved.
 /// - `kubectl scale` during a mid hook is the user's: the hook runs once, the rollout completes
-///   at the new count, and the post hooks run after that.
+///   at the new count, and the post hooks run after that. With Recreate (ballast holds the
+///   Deployment at 0 while its mid hooks run), no old pod comes back while the hook runs, and
+///   the rollout ends at the user's new count, not at the count ballast set aside before it.
 /// - Renaming the hook that runs: hooks are identified by name, so the old name is a hook that
 ///   left the spec. Its Job is cancelled (deleted with its pod, never counted as a success), and
 ///   the hook under its new name runs once for the revision, only after the cancelled pod is
@@ -887,6 +889,91 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
         format!("rename: no ReplicaSet of web:5 ({rs5:?}) before migrate-db passed ({done:?})"),
     );
 
+    // `kubectl scale` while a Recreate mid hook runs, i.e. while ballast holds the Deployment at
+    // 0 with the count set aside: the user's new count is the one to end with, and the old pods
+    // do not come back while the hook runs.
+    let stable = s.stable_revision.clone().unwrap();
+    env.deployments()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    apply_strategy(
+        &env,
+        &format!(
+            "  mid: [{{name: smoke, at: 1, job: {}}}]\n",
+            job_hook("s:1", "15s", false)
+        ),
+    )
+    .await;
+    let sampler = Sampler::start(&env);
+    env.set_image("web", "web:6").await;
+    let s = env
+        .wait_status("web", "smoke running on the scaled-down web:6", 60, |s| {
+            s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
+        })
+        .await;
+    let rev6 = s.current_revision.clone().unwrap();
+    let scaled = Instant::now();
+    env.c.kubectl_ok(&[
+        "scale",
+        "deployment/web",
+        "--replicas=5",
+        "-n",
+        &env.ns.name,
+    ]);
+    let s = env.wait_succeeded_after("web", &stable, 120).await;
+    let snaps = sampler.stop().await;
+    let jobs = env.all_jobs().await;
+    if let Err(e) = one_successful_job(&jobs, "smoke", &rev6) {
+        failures.push(format!("Recreate scale: {e}"));
+    }
+    let smoke_job = jobs_of_revision(&jobs, "smoke", &rev6)
+        .first()
+        .map(|j| j.name_any())
+        .unwrap_or_default();
+    let during: Vec<&Snap> = snaps
+        .iter()
+        .filter(|s| s.at > scaled)
+        .take_while(|s| !s.succeeded_jobs.contains(&smoke_job))
+        .collect();
+    let old_back = during
+        .iter()
+        .filter(|s| s.app_images.iter().any(|i| i != "web:6"))
+        .count();
+    let old_rs = during
+        .iter()
+        .flat_map(|s| s.rs_replicas.iter())
+        .filter(|(i, _)| i != "web:6")
+        .map(|(_, n)| *n)
+        .max();
+    check(
+        &mut failures,
+        old_back == 0,
+        format!(
+            "Recreate scale: no old pod came back while the mid hook ran (old pods seen in {old_back} of {} looks; old ReplicaSet replicas up to {old_rs:?})",
+            during.len()
+        ),
+    );
+    let d = env.deployment("web").await;
+    check(
+        &mut failures,
+        image_of(&d) == "web:6"
+            && d.spec.as_ref().and_then(|s| s.replicas) == Some(5)
+            && s.original_replicas.is_none(),
+        format!(
+            "Recreate scale: the user's 5 replicas of web:6, nothing left set aside: {} x {:?}, {:?}",
+            image_of(&d),
+            d.spec.as_ref().and_then(|s| s.replicas),
+            s.original_replicas
+        ),
+    );
+
     // Released: the user's last template and replica count, not paused.
     env.strategies()
         .delete("web", &DeleteParams::default())
@@ -900,11 +987,11 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     let d = env.deployment("web").await;
     check(
         &mut failures,
-        image_of(&d) == "web:5"
-            && d.spec.as_ref().and_then(|s| s.replicas) == Some(6)
+        image_of(&d) == "web:6"
+            && d.spec.as_ref().and_then(|s| s.replicas) == Some(5)
             && !env.paused("web").await,
         format!(
-            "released with web:5 x 6, not paused: {} x {:?}, paused {}",
+            "released with web:6 x 5, not paused: {} x {:?}, paused {}",
             image_of(&d),
             d.spec.as_ref().and_then(|s| s.replicas),
             env.paused("web").await
@@ -912,8 +999,8 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     );
     verdict(
         "F10",
-        "kubectl rollout resume during PreHook and WaitingApproval; kubectl scale during a mid hook; the running hook renamed",
-        "resume: paused again, no ReplicaSet or pod of the new revision before the pre hook's Job completed, an approval gate stays closed and the new ReplicaSet does not grow until approved; scale: one Job per hook, the mid hook started at its point, the post hook after all 6 pods were available, the user's count kept; rename: the old name's Job cancelled and never succeeded, the new name runs once (attempt 1), never two pods of it at once, no ReplicaSet before it passed; released unpaused with the last template and count",
+        "kubectl rollout resume during PreHook and WaitingApproval; kubectl scale during a mid hook (RollingUpdate and Recreate); the running hook renamed",
+        "resume: paused again, no ReplicaSet or pod of the new revision before the pre hook's Job completed, an approval gate stays closed and the new ReplicaSet does not grow until approved; scale: one Job per hook, the mid hook started at its point, the post hook after all 6 pods were available, the user's count kept; Recreate scale: no old pod back during the mid hook, the user's count at the end, not the one set aside; rename: the old name's Job cancelled and never succeeded, the new name runs once (attempt 1), never two pods of it at once, no ReplicaSet before it passed; released unpaused with the last template and count",
         &failures,
     );
 }
