@@ -7,7 +7,8 @@
 mod support;
 
 use ballast::api::{HookPhase, RolloutPhase};
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod};
+use jiff::Timestamp;
+use k8s_openapi::api::{apps::v1::ReplicaSet, batch::v1::Job, core::v1::Pod};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
@@ -328,10 +329,678 @@ async fn f9_a_deployment_created_again_under_the_same_name_is_adopted_afresh() {
         s.hooks.len() == 1 && s.hooks[0].phase == HookPhase::Succeeded,
         format!("the new object's pre hook ran: {:?}", s.hooks),
     );
+    f9_recreate_mid_hook(&env, &mut failures).await;
     verdict(
         "F9",
-        "Deployment deleted and created again with the same name during Idle and PreHook",
-        "status tied to the new UID; stable template is the new object's; the old template never reappears; the new one's pre hook runs before its first pods",
+        "Deployment deleted and created again with the same name during Idle, PreHook, and a Recreate mid hook",
+        "status tied to the new UID; stable template is the new object's; the old template never reappears; the new one's pre hook runs before its first pods; Recreate: the old object's mid hook Job is cancelled and never succeeds, the new one's mid hook runs once before any of its ReplicaSets exists, and the replica count is the new object's, not the one the old object had set aside",
+        &failures,
+    );
+}
+
+/// F9, Recreate: the Deployment is deleted while its mid hook runs, i.e. while ballast holds it
+/// scaled to 0 with its replica count set aside in status. The new object (created paused, with
+/// its own replica count) is a new target: nothing set aside for the old one is given to it, the
+/// old one's mid hook Job is stopped, and the new one's mid hook runs once, before any of its pods.
+async fn f9_recreate_mid_hook(env: &Env, failures: &mut Vec<String>) {
+    const RECREATE: &str = "{type: Recreate}";
+    env.apply(&strategy(&format!(
+        "  mid: [{{name: smoke, at: 1, job: {}}}]\n",
+        job_hook("s:1", "20s", false)
+    )));
+    env.deployments()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let old_uid = env.deployment("web").await.uid().unwrap();
+    env.set_image("web", "web:8").await;
+    env.wait_status("web", "smoke running on the scaled-down web:8", 60, |s| {
+        s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
+    })
+    .await;
+    let before = env.deployment("web").await;
+    check(
+        failures,
+        before.spec.as_ref().and_then(|s| s.replicas) == Some(0),
+        "Recreate: scaled to 0 while the mid hook runs",
+    );
+    let sampler = Sampler::start(env);
+    env.deployments()
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let api = env.deployments();
+    wait_until("the Deployment gone", Duration::from_secs(30), || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let created = Instant::now();
+    env.apply(&deployment_yaml("web", "web:9", 3, true, RECREATE));
+    let uid9 = env.deployment("web").await.uid();
+    let s = env
+        .wait_status("web", "web:9 rolled out", 120, |s| {
+            s.target_uid == uid9 && s.phase == Some(RolloutPhase::Succeeded)
+        })
+        .await;
+    wait_available(env, "web", 3).await;
+    let snaps = sampler.stop().await;
+    let d = env.deployment("web").await;
+    let rev9 = s.current_revision.clone().unwrap_or_default();
+    check(
+        failures,
+        image_of(&d) == "web:9" && d.spec.as_ref().and_then(|s| s.replicas) == Some(3),
+        format!(
+            "Recreate: the new object keeps its template and its 3 replicas: {} x {:?}",
+            image_of(&d),
+            d.spec.as_ref().and_then(|s| s.replicas)
+        ),
+    );
+    check(
+        failures,
+        s.original_replicas.is_none(),
+        format!("nothing left set aside: {:?}", s.original_replicas),
+    );
+    let foreign: Vec<&String> = snaps
+        .iter()
+        .filter(|s| s.at > created)
+        .flat_map(|s| s.rs_replicas.iter().map(|(i, _)| i).chain(&s.app_images))
+        .filter(|i| *i != "web:9")
+        .collect();
+    check(
+        failures,
+        foreign.is_empty(),
+        format!("Recreate: the old template never reappears (ReplicaSets or pods of {foreign:?})"),
+    );
+    let jobs = env.all_jobs().await;
+    let uid_of = |j: &k8s_openapi::api::batch::v1::Job| {
+        j.annotations().get("ballast.dev/target-uid").cloned()
+    };
+    let old_smoke_succeeded = snaps
+        .iter()
+        .flat_map(|s| s.succeeded_jobs.iter())
+        .any(|n| n.starts_with("web-smoke-") && !n.contains(&rev9));
+    check(
+        failures,
+        !old_smoke_succeeded
+            && !job_of(&jobs, "smoke").iter().any(|j| {
+                uid_of(j).as_deref() == Some(old_uid.as_str())
+                    && j.status.as_ref().and_then(|s| s.succeeded) == Some(1)
+            }),
+        "Recreate: the old object's mid hook Job never succeeded (it was stopped)",
+    );
+    let new_smoke: Vec<_> = job_of(&jobs, "smoke")
+        .into_iter()
+        .filter(|j| uid_of(j) == uid9)
+        .collect();
+    check(
+        failures,
+        new_smoke.len() == 1
+            && new_smoke[0]
+                .labels()
+                .get("ballast.dev/attempt")
+                .map(String::as_str)
+                == Some("1")
+            && new_smoke[0].status.as_ref().and_then(|s| s.succeeded) == Some(1),
+        format!(
+            "Recreate: one smoke Job for the new object, attempt 1, succeeded: {:?}",
+            new_smoke.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+        ),
+    );
+    check(
+        failures,
+        most_live_hook_pods(&snaps, &["smoke"], &rev9) == 1,
+        "Recreate: never two smoke pods of the new object live at once (and its one pod seen)",
+    );
+    let rss = env.replica_sets().await;
+    let first_rs = rss.iter().map(|r| ts(&r.metadata.creation_timestamp)).min();
+    let smoke_done = job_completed(&jobs, "smoke", &rev9);
+    check(
+        failures,
+        matches!((first_rs, smoke_done), (Some(rs), Some(done)) if rs >= done),
+        format!(
+            "Recreate: the new object's first ReplicaSet ({first_rs:?}) only after its mid hook completed ({smoke_done:?})"
+        ),
+    );
+}
+
+/// Applies the strategy with `hooks` and waits until the controller has seen that spec, so the
+/// next template change is decided under it.
+async fn apply_strategy(env: &Env, hooks: &str) {
+    env.apply(&strategy(hooks));
+    let api = env.strategies();
+    wait_until(
+        "the strategy's spec observed",
+        Duration::from_secs(30),
+        || async {
+            let s = api.get("web").await.ok()?;
+            (s.status?.observed_generation == s.metadata.generation).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The one Job of `hook` for `revision`: attempt 1 and succeeded, else what there is.
+fn one_successful_job(jobs: &[Job], hook: &str, revision: &str) -> Result<(), String> {
+    let of = jobs_of_revision(jobs, hook, revision);
+    let ok = of.len() == 1
+        && of[0]
+            .labels()
+            .get("ballast.dev/attempt")
+            .map(String::as_str)
+            == Some("1")
+        && of[0].status.as_ref().and_then(|s| s.succeeded) == Some(1);
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "one {hook} Job for revision {revision}, attempt 1, succeeded; found {:?}",
+        of.iter()
+            .map(|j| (j.name_any(), j.status.as_ref().and_then(|s| s.succeeded)))
+            .collect::<Vec<_>>()
+    ))
+}
+
+/// When each pod of `web` of `image` became Ready (pods that never did are left out).
+async fn ready_times(env: &Env, image: &str) -> Vec<Timestamp> {
+    let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns.name);
+    pods.list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.containers[0].image.as_deref())
+                == Some(image)
+        })
+        .filter_map(|p| {
+            let c = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == "True")?;
+            c.last_transition_time.as_ref().map(|t| t.0)
+        })
+        .collect()
+}
+
+async fn set_min_ready(env: &Env, secs: i32) {
+    env.deployments()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"minReadySeconds": secs}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn updated(env: &Env) -> i32 {
+    env.deployment("web")
+        .await
+        .status
+        .and_then(|s| s.updated_replicas)
+        .unwrap_or(0)
+}
+
+fn resume(env: &Env) {
+    env.c
+        .kubectl_ok(&["rollout", "resume", "deployment/web", "-n", &env.ns.name]);
+}
+
+async fn wait_paused_again(env: &Env) -> bool {
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        if env.paused("web").await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// F10: what users do with `kubectl` to a governed Deployment and its strategy mid-rollout.
+///
+/// - `kubectl rollout resume` is not a way around a hook: ballast pauses the Deployment again,
+///   no pod of the new revision may start before the pre hooks pass, and an approval gate stays
+///   closed (the rollout does not move past its point) until it is approved.
+/// - `kubectl scale` during a mid hook is the user's: the hook runs once, the rollout completes
+///   at the new count, and the post hooks run after that. With Recreate (ballast holds the
+///   Deployment at 0 while its mid hooks run), no old pod comes back while the hook runs, and
+///   the rollout ends at the user's new count, not at the count ballast set aside before it.
+/// - Renaming the hook that runs: hooks are identified by name, so the old name is a hook that
+///   left the spec. Its Job is cancelled (deleted with its pod, never counted as a success), and
+///   the hook under its new name runs once for the revision, only after the cancelled pod is
+///   gone: never two pods of it at once, never a completed run under each name.
+#[tokio::test]
+async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
+    let env = Env::new("f10-user").await;
+    let mut failures = vec![];
+    let stable = adopt(
+        &env,
+        4,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "10s", false)
+        ),
+    )
+    .await;
+
+    // `kubectl rollout resume` while the pre hook runs.
+    let sampler = Sampler::start(&env);
+    env.set_image("web", "web:2").await;
+    let s = env
+        .wait_status("web", "migrate running", 40, |s| {
+            s.phase == Some(RolloutPhase::PreHook) && running(s, "migrate")
+        })
+        .await;
+    let rev2 = s.current_revision.clone().unwrap();
+    resume(&env);
+    check(
+        &mut failures,
+        wait_paused_again(&env).await,
+        "PreHook: paused again within 10 s of the resume",
+    );
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let stable = s.stable_revision.clone().unwrap();
+    let snaps = sampler.stop().await;
+    let jobs = env.all_jobs().await;
+    if let Err(e) = one_successful_job(&jobs, "migrate", &rev2) {
+        failures.push(format!("PreHook resume: {e}"));
+    }
+    let migrate_done = job_completed(&jobs, "migrate", &rev2);
+    let rss = env.replica_sets().await;
+    let rs2 = rs_of_image(&rss, "web:2").map(|r| ts(&r.metadata.creation_timestamp));
+    check(
+        &mut failures,
+        matches!((rs2, migrate_done), (Some(rs), Some(done)) if rs >= done),
+        format!(
+            "PreHook resume: no ReplicaSet of web:2 before migrate passed (ReplicaSet created {rs2:?}, migrate completed {migrate_done:?})"
+        ),
+    );
+    let migrate_job = jobs_of_revision(&jobs, "migrate", &rev2)
+        .first()
+        .map(|j| j.name_any())
+        .unwrap_or_default();
+    let before_migrate: Vec<&Snap> = snaps
+        .iter()
+        .take_while(|s| !s.succeeded_jobs.contains(&migrate_job))
+        .collect();
+    let early = before_migrate
+        .iter()
+        .filter(|s| s.app_images.iter().any(|i| i == "web:2"))
+        .count();
+    let early_rs = before_migrate
+        .iter()
+        .flat_map(|s| s.rs_replicas.iter())
+        .filter(|(i, _)| i == "web:2")
+        .map(|(_, n)| *n)
+        .max();
+    check(
+        &mut failures,
+        early == 0,
+        format!(
+            "PreHook resume: no pod of web:2 before migrate passed (pods seen in {early} of {} looks; ReplicaSet replicas up to {early_rs:?})",
+            before_migrate.len()
+        ),
+    );
+
+    // `kubectl rollout resume` while an approval gate waits.
+    apply_strategy(&env, "  mid: [{name: gate, at: 2, approval: {}}]\n").await;
+    // New pods count as available 3 s after they are ready, so the rollout moves one pod at a
+    // time slowly enough that a point between its start and its end exists to hold at.
+    set_min_ready(&env, 3).await;
+    let sampler = Sampler::start(&env);
+    env.set_image("web", "web:3").await;
+    let s = env
+        .wait_phase("web", RolloutPhase::WaitingApproval, None, 60)
+        .await;
+    let rev3 = s.current_revision.clone().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at_gate = rs_of_image(&env.replica_sets().await, "web:3")
+        .and_then(|r| r.spec.as_ref()?.replicas)
+        .unwrap_or(0);
+    let updated_at_gate = updated(&env).await;
+    check(
+        &mut failures,
+        updated_at_gate < 4,
+        format!(
+            "WaitingApproval: before any resume, the gate holds the rollout short of completion ({updated_at_gate} of 4 updated, ReplicaSet at {at_gate})"
+        ),
+    );
+    let resumed = Instant::now();
+    resume(&env);
+    check(
+        &mut failures,
+        wait_paused_again(&env).await,
+        "WaitingApproval: paused again within 10 s of the resume",
+    );
+    // Time for a rollout let loose to move on.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = env.status("web").await;
+    let updated_after = updated(&env).await;
+    check(
+        &mut failures,
+        s.phase == Some(RolloutPhase::WaitingApproval)
+            && s.hooks
+                .iter()
+                .any(|h| h.name == "gate" && h.phase == HookPhase::Waiting),
+        format!(
+            "WaitingApproval resume: the gate stays closed: {:?} {:?}",
+            s.phase, s.hooks
+        ),
+    );
+    check(
+        &mut failures,
+        updated_after <= updated_at_gate,
+        format!(
+            "WaitingApproval resume: no more pods updated without the approval ({updated_at_gate} at the gate, {updated_after} 5 s after the resume)"
+        ),
+    );
+    let approved = Instant::now();
+    env.annotate("web", "ballast.dev/approve", &rev3).await;
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let stable = s.stable_revision.clone().unwrap();
+    set_min_ready(&env, 0).await;
+    let snaps = sampler.stop().await;
+    let past_gate = snaps
+        .iter()
+        .filter(|s| s.at > resumed && s.at < approved)
+        .flat_map(|s| s.rs_replicas.iter())
+        .filter(|(i, _)| i == "web:3")
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0);
+    check(
+        &mut failures,
+        past_gate <= at_gate,
+        format!(
+            "WaitingApproval resume: the new ReplicaSet did not grow past the gate ({at_gate} replicas at the gate, {past_gate} before the approval)"
+        ),
+    );
+    check(
+        &mut failures,
+        s.hooks
+            .iter()
+            .any(|h| h.name == "gate" && h.reason.as_deref() == Some("Approved")),
+        format!("the gate opened by the approval: {:?}", s.hooks),
+    );
+
+    // `kubectl scale` while a mid hook runs.
+    apply_strategy(
+        &env,
+        &format!(
+            "  mid: [{{name: smoke, at: 50%, job: {}}}]\n  post: [{{name: purge, job: {}}}]\n",
+            job_hook("s:1", "15s", false),
+            job_hook("p:1", "1s", false)
+        ),
+    )
+    .await;
+    let sampler = Sampler::start(&env);
+    env.set_image("web", "web:4").await;
+    let s = env
+        .wait_status("web", "smoke running", 60, |s| {
+            s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
+        })
+        .await;
+    let rev4 = s.current_revision.clone().unwrap();
+    env.c.kubectl_ok(&[
+        "scale",
+        "deployment/web",
+        "--replicas=6",
+        "-n",
+        &env.ns.name,
+    ]);
+    let s = env.wait_succeeded_after("web", &stable, 120).await;
+    let stable = s.stable_revision.clone().unwrap();
+    let snaps = sampler.stop().await;
+    let jobs = env.all_jobs().await;
+    for hook in ["smoke", "purge"] {
+        if let Err(e) = one_successful_job(&jobs, hook, &rev4) {
+            failures.push(format!("scale: {e}"));
+        }
+    }
+    check(
+        &mut failures,
+        most_live_hook_pods(&snaps, &["smoke"], &rev4) == 1,
+        "scale: never two smoke pods live at once (and its one pod seen)",
+    );
+    let ready = ready_times(&env, "web:4").await;
+    let created = |hook: &str| {
+        jobs_of_revision(&jobs, hook, &rev4)
+            .first()
+            .map(|j| ts(&j.metadata.creation_timestamp))
+    };
+    let (smoke_at, purge_at) = (created("smoke"), created("purge"));
+    let ready_before =
+        |t: Option<Timestamp>| t.map_or(0, |t| ready.iter().filter(|r| **r <= t).count());
+    check(
+        &mut failures,
+        ready_before(smoke_at) >= 2,
+        format!(
+            "scale: smoke started once 2 (50% of 4) web:4 pods were available ({} were)",
+            ready_before(smoke_at)
+        ),
+    );
+    check(
+        &mut failures,
+        ready.len() == 6 && ready_before(purge_at) == 6,
+        format!(
+            "scale: purge started once all 6 web:4 pods were available ({} of {} were)",
+            ready_before(purge_at),
+            ready.len()
+        ),
+    );
+    wait_available(&env, "web", 6).await;
+    let d = env.deployment("web").await;
+    check(
+        &mut failures,
+        image_of(&d) == "web:4" && d.spec.as_ref().and_then(|s| s.replicas) == Some(6),
+        "scale: the user's 6 replicas of web:4",
+    );
+
+    // The hook that runs is renamed.
+    apply_strategy(
+        &env,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "20s", false)
+        ),
+    )
+    .await;
+    let sampler = Sampler::start(&env);
+    env.set_image("web", "web:5").await;
+    let s = env
+        .wait_status("web", "migrate running", 40, |s| {
+            s.phase == Some(RolloutPhase::PreHook) && running(s, "migrate")
+        })
+        .await;
+    let rev5 = s.current_revision.clone().unwrap();
+    apply_strategy(
+        &env,
+        &format!(
+            "  pre: [{{name: migrate-db, job: {}}}]\n",
+            job_hook("m:1", "5s", false)
+        ),
+    )
+    .await;
+    let s = env.wait_succeeded_after("web", &stable, 120).await;
+    let snaps = sampler.stop().await;
+    let jobs = env.all_jobs().await;
+    let old: Vec<String> = jobs_of_revision(&jobs, "migrate", &rev5)
+        .iter()
+        .map(|j| j.name_any())
+        .collect();
+    let old_succeeded = snaps.iter().flat_map(|s| s.succeeded_jobs.iter()).any(|n| {
+        n.starts_with("web-migrate-") && n.contains(&rev5) && !n.starts_with("web-migrate-db-")
+    });
+    check(
+        &mut failures,
+        !old_succeeded && old.is_empty(),
+        format!(
+            "rename: the Job under the old name was cancelled, never succeeded (left: {old:?})"
+        ),
+    );
+    if let Err(e) = one_successful_job(&jobs, "migrate-db", &rev5) {
+        failures.push(format!("rename: {e}"));
+    }
+    let most = most_live_hook_pods(&snaps, &["migrate", "migrate-db"], &rev5);
+    check(
+        &mut failures,
+        most == 1,
+        format!("rename: never two pods of the hook (either name) live at once, one seen ({most})"),
+    );
+    let listed: Vec<_> = s
+        .hooks
+        .iter()
+        .map(|h| (h.name.as_str(), h.phase, h.attempt, h.job_name.as_deref()))
+        .collect();
+    check(
+        &mut failures,
+        s.hooks
+            .iter()
+            .any(|h| h.name == "migrate-db" && h.phase == HookPhase::Succeeded),
+        format!("rename: migrate-db recorded as succeeded: {listed:?}"),
+    );
+    check(
+        &mut failures,
+        !s.hooks.iter().any(|h| {
+            h.name != "migrate-db" && matches!(h.phase, HookPhase::Pending | HookPhase::Running)
+        }),
+        format!(
+            "rename: no hook shown Running whose Job was cancelled (status.hooks after Succeeded: {listed:?})"
+        ),
+    );
+    let rss = env.replica_sets().await;
+    let rs5 = rs_of_image(&rss, "web:5").map(|r| ts(&r.metadata.creation_timestamp));
+    let done = job_completed(&jobs, "migrate-db", &rev5);
+    check(
+        &mut failures,
+        matches!((rs5, done), (Some(rs), Some(done)) if rs >= done),
+        format!("rename: no ReplicaSet of web:5 ({rs5:?}) before migrate-db passed ({done:?})"),
+    );
+
+    // `kubectl scale` while a Recreate mid hook runs, i.e. while ballast holds the Deployment at
+    // 0 with the count set aside: the user's new count is the one to end with, and the old pods
+    // do not come back while the hook runs.
+    let stable = s.stable_revision.clone().unwrap();
+    env.deployments()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": null}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    apply_strategy(
+        &env,
+        &format!(
+            "  mid: [{{name: smoke, at: 1, job: {}}}]\n",
+            job_hook("s:1", "15s", false)
+        ),
+    )
+    .await;
+    let sampler = Sampler::start(&env);
+    env.set_image("web", "web:6").await;
+    let s = env
+        .wait_status("web", "smoke running on the scaled-down web:6", 60, |s| {
+            s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
+        })
+        .await;
+    let rev6 = s.current_revision.clone().unwrap();
+    let scaled = Instant::now();
+    env.c.kubectl_ok(&[
+        "scale",
+        "deployment/web",
+        "--replicas=5",
+        "-n",
+        &env.ns.name,
+    ]);
+    let s = env.wait_succeeded_after("web", &stable, 120).await;
+    let snaps = sampler.stop().await;
+    let jobs = env.all_jobs().await;
+    if let Err(e) = one_successful_job(&jobs, "smoke", &rev6) {
+        failures.push(format!("Recreate scale: {e}"));
+    }
+    let smoke_job = jobs_of_revision(&jobs, "smoke", &rev6)
+        .first()
+        .map(|j| j.name_any())
+        .unwrap_or_default();
+    let during: Vec<&Snap> = snaps
+        .iter()
+        .filter(|s| s.at > scaled)
+        .take_while(|s| !s.succeeded_jobs.contains(&smoke_job))
+        .collect();
+    let old_back = during
+        .iter()
+        .filter(|s| s.app_images.iter().any(|i| i != "web:6"))
+        .count();
+    let old_rs = during
+        .iter()
+        .flat_map(|s| s.rs_replicas.iter())
+        .filter(|(i, _)| i != "web:6")
+        .map(|(_, n)| *n)
+        .max();
+    check(
+        &mut failures,
+        old_back == 0,
+        format!(
+            "Recreate scale: no old pod came back while the mid hook ran (old pods seen in {old_back} of {} looks; old ReplicaSet replicas up to {old_rs:?})",
+            during.len()
+        ),
+    );
+    let d = env.deployment("web").await;
+    check(
+        &mut failures,
+        image_of(&d) == "web:6"
+            && d.spec.as_ref().and_then(|s| s.replicas) == Some(5)
+            && s.original_replicas.is_none(),
+        format!(
+            "Recreate scale: the user's 5 replicas of web:6, nothing left set aside: {} x {:?}, {:?}",
+            image_of(&d),
+            d.spec.as_ref().and_then(|s| s.replicas),
+            s.original_replicas
+        ),
+    );
+
+    // Released: the user's last template and replica count, not paused.
+    env.strategies()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let api = env.strategies();
+    wait_until("the strategy gone", Duration::from_secs(60), || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let d = env.deployment("web").await;
+    check(
+        &mut failures,
+        image_of(&d) == "web:6"
+            && d.spec.as_ref().and_then(|s| s.replicas) == Some(5)
+            && !env.paused("web").await,
+        format!(
+            "released with web:6 x 5, not paused: {} x {:?}, paused {}",
+            image_of(&d),
+            d.spec.as_ref().and_then(|s| s.replicas),
+            env.paused("web").await
+        ),
+    );
+    verdict(
+        "F10",
+        "kubectl rollout resume during PreHook and WaitingApproval; kubectl scale during a mid hook (RollingUpdate and Recreate); the running hook renamed",
+        "resume: paused again, no ReplicaSet or pod of the new revision before the pre hook's Job completed, an approval gate stays closed and the new ReplicaSet does not grow until approved; scale: one Job per hook, the mid hook started at its point, the post hook after all 6 pods were available, the user's count kept; Recreate scale: no old pod back during the mid hook, the user's count at the end, not the one set aside; rename: the old name's Job cancelled and never succeeded, the new name runs once (attempt 1), never two pods of it at once, no ReplicaSet before it passed; released unpaused with the last template and count",
         &failures,
     );
 }

@@ -359,3 +359,157 @@ impl Env {
         .await;
     }
 }
+
+/// One look at the cluster, taken by a [`Sampler`].
+#[derive(Clone, Debug)]
+pub struct Snap {
+    pub at: std::time::Instant,
+    /// `spec.paused` of Deployment `web` (`None` while it does not exist).
+    pub paused: Option<bool>,
+    /// Hook pods that are not in a terminal phase: (hook, revision, pod name).
+    pub live_hook_pods: Vec<(String, String, String)>,
+    /// `spec.replicas` of each ReplicaSet of `web`, by image.
+    pub rs_replicas: Vec<(String, i32)>,
+    /// Images of the pods of `web` (app=web) that exist.
+    pub app_images: Vec<String>,
+    /// Names of the hook Jobs that have succeeded.
+    pub succeeded_jobs: Vec<String>,
+}
+
+/// Polls the namespace every 200 ms while a scenario runs, so that what only lasts a moment
+/// (a pod, a short-lived unpause, a Job deleted later) is seen too, not only the end state.
+pub struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Snap>>,
+}
+
+impl Sampler {
+    pub fn start(env: &Env) -> Self {
+        use k8s_openapi::api::core::v1::Pod;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let (deps, jobs) = (env.deployments(), env.jobs());
+        let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns.name);
+        let rss: Api<ReplicaSet> = Api::namespaced(env.client(), &env.ns.name);
+        let task = tokio::spawn(async move {
+            let mut out = vec![];
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let lp = ListParams::default();
+                let (d, ps, rs, js) = tokio::join!(
+                    deps.get_opt("web"),
+                    pods.list(&lp),
+                    rss.list(&lp),
+                    jobs.list(&lp)
+                );
+                let (Ok(d), Ok(ps), Ok(rs), Ok(js)) = (d, ps, rs, js) else {
+                    continue;
+                };
+                let image = |spec: Option<&k8s_openapi::api::core::v1::PodSpec>| {
+                    spec.and_then(|s| s.containers.first())
+                        .and_then(|c| c.image.clone())
+                        .unwrap_or_default()
+                };
+                out.push(Snap {
+                    at: std::time::Instant::now(),
+                    paused: d.map(|d| d.spec.and_then(|s| s.paused).unwrap_or(false)),
+                    live_hook_pods: ps
+                        .items
+                        .iter()
+                        .filter(|p| {
+                            !matches!(
+                                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                                Some("Succeeded" | "Failed")
+                            )
+                        })
+                        .filter_map(|p| {
+                            let l = p.labels();
+                            Some((
+                                l.get("ballast.dev/hook")?.clone(),
+                                l.get("ballast.dev/revision").cloned().unwrap_or_default(),
+                                p.name_any(),
+                            ))
+                        })
+                        .collect(),
+                    rs_replicas: rs
+                        .items
+                        .iter()
+                        .map(|r| {
+                            let spec = r.spec.as_ref();
+                            (
+                                image(
+                                    spec.and_then(|s| s.template.as_ref())
+                                        .and_then(|t| t.spec.as_ref()),
+                                ),
+                                spec.and_then(|s| s.replicas).unwrap_or(0),
+                            )
+                        })
+                        .collect(),
+                    app_images: ps
+                        .items
+                        .iter()
+                        .filter(|p| p.labels().get("app").map(String::as_str) == Some("web"))
+                        .map(|p| image(p.spec.as_ref()))
+                        .collect(),
+                    succeeded_jobs: js
+                        .items
+                        .iter()
+                        .filter(|j| j.status.as_ref().and_then(|s| s.succeeded) == Some(1))
+                        .map(|j| j.name_any())
+                        .collect(),
+                });
+            }
+            out
+        });
+        Self { stop, task }
+    }
+
+    /// Stops polling; returns every look taken.
+    pub async fn stop(self) -> Vec<Snap> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.expect("the sampler")
+    }
+}
+
+/// The most pods live at once, over `snaps`, among hooks named in `hooks` (one hook, or a
+/// hook and the name it was renamed to) of `revision`.
+pub fn most_live_hook_pods(snaps: &[Snap], hooks: &[&str], revision: &str) -> usize {
+    snaps
+        .iter()
+        .map(|s| {
+            s.live_hook_pods
+                .iter()
+                .filter(|(h, r, _)| hooks.contains(&h.as_str()) && r == revision)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The most `spec.replicas` any ReplicaSet of `image` had, over `snaps`.
+pub fn most_rs_replicas(snaps: &[Snap], image: &str) -> i32 {
+    snaps
+        .iter()
+        .flat_map(|s| s.rs_replicas.iter())
+        .filter(|(i, _)| i == image)
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The completion time of a hook's succeeded Job for `revision`, when there is one.
+pub fn job_completed(jobs: &[Job], hook: &str, revision: &str) -> Option<Timestamp> {
+    job_of(jobs, hook)
+        .into_iter()
+        .filter(|j| j.labels().get("ballast.dev/revision").map(String::as_str) == Some(revision))
+        .filter_map(|j| j.status.as_ref()?.completion_time.as_ref().map(|t| t.0))
+        .max()
+}
+
+/// Hook Jobs of `hook` for `revision`.
+pub fn jobs_of_revision<'a>(jobs: &'a [Job], hook: &str, revision: &str) -> Vec<&'a Job> {
+    job_of(jobs, hook)
+        .into_iter()
+        .filter(|j| j.labels().get("ballast.dev/revision").map(String::as_str) == Some(revision))
+        .collect()
+}
