@@ -3,8 +3,9 @@
 
 use super::super::hooks;
 use super::super::observe::DeploymentView;
-use super::{Effect, Machine, Rejection, Start, in_progress, short};
+use super::{CANCELLED, Effect, Machine, Rejection, Start, in_progress, short};
 use crate::api::{HookPhase, HookStatus, RolloutPhase, RolloutStrategyStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 impl Machine<'_> {
     /// The name of a hook entry's Job for the current revision.
@@ -22,6 +23,34 @@ impl Machine<'_> {
     /// its hook is no longer in the spec (renamed or removed while it ran). It is deleted so
     /// nothing of it keeps running. Before the current revision is known (no status yet),
     /// nothing is stray: a running Job of the revision about to start is adopted instead.
+    /// A hook renamed or removed while it ran or waited: its entry ends as Failed with reason
+    /// `Cancelled` (its Job is deleted as stray), so status never shows it running for good. A
+    /// hook of that name that comes back later runs afresh, with the next attempt.
+    pub(super) fn cancel_removed_hooks(&mut self) {
+        let now = self.now();
+        let mut cancelled = vec![];
+        for e in &mut self.st.hooks {
+            let open = Self::is_open(e) || e.phase == HookPhase::Waiting;
+            if open && !self.i.spec.hooks().any(|(_, h)| h.name == e.name) {
+                e.phase = HookPhase::Failed;
+                e.reason = Some(CANCELLED.into());
+                e.message = Some("the hook left the spec while it ran; its Job is deleted".into());
+                e.finish_time = Some(Time(now));
+                cancelled.push(e.name.clone());
+            }
+        }
+        for name in cancelled {
+            if self.st.current_hook.as_deref() == Some(name.as_str()) {
+                self.st.current_hook = None;
+            }
+            self.event(
+                false,
+                "HookCancelled",
+                format!("hook {name} was removed from the spec while it ran; its Job is deleted"),
+            );
+        }
+    }
+
     pub(super) fn stray_active_job(&self, dep: &DeploymentView) -> Option<String> {
         let cur = self.st.current_revision.as_deref()?;
         let in_spec = |hook: &str| self.i.spec.hooks().any(|(_, h)| h.name == hook);

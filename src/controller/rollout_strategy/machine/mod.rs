@@ -16,6 +16,9 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 
+/// Reason of a hook entry whose hook left the spec while it ran.
+pub const CANCELLED: &str = "Cancelled";
+
 /// First retry backoff; doubled per attempt.
 pub const BACKOFF_BASE_SECONDS: i64 = 5;
 /// Longest retry backoff.
@@ -338,6 +341,7 @@ impl<'a> Machine<'a> {
             self.write_refused(r);
             return;
         }
+        self.cancel_removed_hooks();
         if let Some(job) = self.stray_active_job(dep) {
             self.effect(Effect::DeleteJob(job));
             return;

@@ -2,7 +2,7 @@
 //! post hooks once the rollout is complete.
 
 use super::super::observe::DeploymentView;
-use super::{Effect, Machine, Run};
+use super::{CANCELLED, Effect, Machine, Run};
 use crate::api::rollout_strategy::progress_point;
 use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, RolloutPhase};
 use jiff::SignedDuration;
@@ -54,12 +54,29 @@ impl Machine<'_> {
         true
     }
 
+    /// While replicas are set aside for Recreate mid hooks, a count other than 0 and the one set
+    /// aside is the user's (`kubectl scale`): it replaces the one to restore.
+    pub(super) fn take_user_scale(&mut self, dep: &DeploymentView) {
+        if let Some(orig) = self.st.original_replicas
+            && dep.replicas != 0
+            && dep.replicas != orig
+        {
+            self.st.original_replicas = Some(dep.replicas);
+            self.st.message = Some(format!(
+                "revision {}: scaled to {} during the mid hooks; restored after them",
+                dep.revision, dep.replicas
+            ));
+        }
+    }
+
     /// Whether a hook needs nothing more (succeeded, or failed and ignored).
     pub(super) fn done(&self, h: &Hook) -> bool {
         self.st.hooks.iter().any(|e| {
             e.name == h.name
                 && (matches!(e.phase, HookPhase::Succeeded | HookPhase::Skipped)
-                    || (e.phase == HookPhase::Failed && h.failure_policy == FailurePolicy::Ignore))
+                    || (e.phase == HookPhase::Failed
+                        && h.failure_policy == FailurePolicy::Ignore
+                        && e.reason.as_deref() != Some(CANCELLED)))
         })
     }
 
@@ -103,6 +120,7 @@ impl Machine<'_> {
                     self.effect(Effect::Pause);
                     return;
                 }
+                self.take_user_scale(dep);
                 if dep.replicas != 0 {
                     self.effect(Effect::Scale(0));
                     return;
@@ -182,6 +200,13 @@ impl Machine<'_> {
         }
         let mid = self.i.spec.mid.clone();
         if dep.recreate {
+            // Scaled by the user while the hooks run: that count is the one to restore, and
+            // no pod comes back before the hooks are done.
+            self.take_user_scale(dep);
+            if dep.replicas != 0 && self.st.original_replicas.is_some() {
+                self.effect(Effect::Scale(0));
+                return;
+            }
             if self.run_hooks(HookPoint::Mid, &mid, dep) == Run::Done {
                 self.resume_rolling(dep);
             }

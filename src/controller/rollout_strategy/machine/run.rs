@@ -3,7 +3,7 @@
 
 use super::super::hooks;
 use super::super::observe::{DeploymentView, JobState};
-use super::{Effect, HookResult, Machine, Run, backoff, point_phase};
+use super::{CANCELLED, Effect, HookResult, Machine, Run, backoff, point_phase};
 use crate::api::rollout_strategy::APPROVE_ANNOTATION;
 use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, HookStatus, RolloutPhase};
 use jiff::{SignedDuration, Timestamp};
@@ -90,6 +90,25 @@ impl Machine<'_> {
         let e = self.st.hooks[idx].clone();
         match e.phase {
             HookPhase::Succeeded | HookPhase::Skipped => Run::Done,
+            HookPhase::Failed if e.reason.as_deref() == Some(CANCELLED) => {
+                // Back in the spec after it was cancelled: a fresh run.
+                let attempt = e.attempt + 1;
+                self.st.current_hook = Some(hook.name.clone());
+                self.st.hooks[idx] = HookStatus {
+                    name: hook.name.clone(),
+                    point,
+                    revision: rev.clone(),
+                    attempt,
+                    phase: if gate {
+                        HookPhase::Waiting
+                    } else {
+                        HookPhase::Pending
+                    },
+                    start_time: Some(Time(self.now())),
+                    ..Default::default()
+                };
+                Run::Acted
+            }
             HookPhase::Failed => {
                 if hook.failure_policy == FailurePolicy::Ignore {
                     return Run::Done;

@@ -972,6 +972,40 @@ fn retry_annotation_reruns_the_failed_revision_with_fresh_attempt_numbers() {
     assert_eq!(hook(&d, "migrate").attempt, 2);
 }
 
+#[test]
+fn a_hook_renamed_while_it_runs_is_cancelled_and_runs_once_under_its_new_name() {
+    let st = status(
+        RolloutPhase::PreHook,
+        vec![entry("migrate", HookPoint::Pre, HookPhase::Running, 1)],
+    );
+    let renamed = spec("pre: [{name: migrate-db, container: {from: app}}]");
+    let running = job("migrate", 1, JobState::Active, running_pod(5));
+    let d = Case::new(renamed.clone(), st, dep(NEW, true))
+        .jobs(vec![running.clone()])
+        .decide();
+    assert_eq!(d.effects, [Effect::DeleteJob(running.name.clone())]);
+    let old = hook(&d, "migrate");
+    assert_eq!(old.phase, HookPhase::Failed);
+    assert_eq!(old.reason.as_deref(), Some(CANCELLED));
+    assert_eq!(reasons(&d), ["HookCancelled"]);
+    // The Job gone, the hook runs under its new name; the old entry no longer shows running.
+    let d = Case::new(renamed, d.status, dep(NEW, true)).decide();
+    assert_eq!(hook(&d, "migrate-db").phase, HookPhase::Pending);
+    assert_eq!(hook(&d, "migrate-db").attempt, 1);
+    // Renamed back before the revision ends: a fresh attempt, not a failure of the revision.
+    let mut back = d.status.clone();
+    back.hooks.retain(|e| e.name == "migrate");
+    let d = Case::new(
+        spec("pre: [{name: migrate, container: {from: app}}]"),
+        back,
+        dep(NEW, true),
+    )
+    .decide();
+    assert_eq!(hook(&d, "migrate").phase, HookPhase::Pending);
+    assert_eq!(hook(&d, "migrate").attempt, 2);
+    assert_ne!(phase(&d), RolloutPhase::Failed);
+}
+
 // ---- a new revision mid-sequence ----
 
 #[test]
@@ -1076,6 +1110,39 @@ fn recreate_sets_replicas_aside_runs_mid_hooks_with_no_pods_and_restores_them() 
     back.paused = false;
     let d = Case::new(s, d.status, back).decide();
     assert_eq!(d.status.original_replicas, None);
+}
+
+#[test]
+fn a_scale_during_a_recreate_mid_hook_is_restored_after_it_and_no_pod_comes_back_meanwhile() {
+    let s = spec("mid: [{name: schema, at: 1, container: {from: app}}]");
+    let mut st = status(
+        RolloutPhase::MidHook,
+        vec![entry("schema", HookPoint::Mid, HookPhase::Running, 1)],
+    );
+    st.original_replicas = Some(4);
+    let mut scaled = dep(NEW, true);
+    scaled.recreate = true;
+    scaled.replicas = 5;
+    let d = Case::new(s.clone(), st, scaled.clone())
+        .jobs(vec![job("schema", 1, JobState::Active, running_pod(5))])
+        .decide();
+    assert_eq!(
+        d.effects,
+        [Effect::Scale(0)],
+        "back to 0 while the hook runs"
+    );
+    assert_eq!(
+        d.status.original_replicas,
+        Some(5),
+        "the user's count is the one to restore"
+    );
+    // Scaled back to the count set aside: still the user's, still 0 while the hook runs.
+    let mut st = d.status;
+    st.original_replicas = Some(4);
+    scaled.replicas = 4;
+    let d = Case::new(s, st, scaled).decide();
+    assert_eq!(d.effects, [Effect::Scale(0)]);
+    assert_eq!(d.status.original_replicas, Some(4));
 }
 
 #[test]
