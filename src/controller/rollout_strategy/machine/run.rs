@@ -10,6 +10,23 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 impl Machine<'_> {
+    /// A new run of `hook`: Waiting for an approval gate, else Pending (its Job is next).
+    fn open_entry(&self, hook: &Hook, point: HookPoint, rev: &str, attempt: i32) -> HookStatus {
+        HookStatus {
+            name: hook.name.clone(),
+            point,
+            revision: rev.to_string(),
+            attempt,
+            phase: if hook.approval.is_some() {
+                HookPhase::Waiting
+            } else {
+                HookPhase::Pending
+            },
+            start_time: Some(Time(self.now())),
+            ..Default::default()
+        }
+    }
+
     pub(super) fn run_hooks(
         &mut self,
         point: HookPoint,
@@ -41,19 +58,8 @@ impl Machine<'_> {
                 .filter(|a| *a > self.st.attempt_offset)
                 .max()
                 .unwrap_or(self.st.attempt_offset + 1);
-            self.st.hooks.push(HookStatus {
-                name: hook.name.clone(),
-                point,
-                revision: rev.clone(),
-                attempt,
-                phase: if gate {
-                    HookPhase::Waiting
-                } else {
-                    HookPhase::Pending
-                },
-                start_time: Some(Time(self.now())),
-                ..Default::default()
-            });
+            let entry = self.open_entry(hook, point, &rev, attempt);
+            self.st.hooks.push(entry);
             self.st.current_hook = Some(hook.name.clone());
             if gate {
                 self.set_phase(RolloutPhase::WaitingApproval);
@@ -94,19 +100,7 @@ impl Machine<'_> {
                 // Back in the spec after it was cancelled: a fresh run.
                 let attempt = e.attempt + 1;
                 self.st.current_hook = Some(hook.name.clone());
-                self.st.hooks[idx] = HookStatus {
-                    name: hook.name.clone(),
-                    point,
-                    revision: rev.clone(),
-                    attempt,
-                    phase: if gate {
-                        HookPhase::Waiting
-                    } else {
-                        HookPhase::Pending
-                    },
-                    start_time: Some(Time(self.now())),
-                    ..Default::default()
-                };
+                self.st.hooks[idx] = self.open_entry(hook, point, &rev, attempt);
                 Run::Acted
             }
             HookPhase::Failed => {
@@ -124,15 +118,7 @@ impl Machine<'_> {
                         return Run::Waiting;
                     }
                     let attempt = e.attempt + 1;
-                    self.st.hooks[idx] = HookStatus {
-                        name: hook.name.clone(),
-                        point,
-                        revision: rev.clone(),
-                        attempt,
-                        phase: HookPhase::Pending,
-                        start_time: Some(Time(self.now())),
-                        ..Default::default()
-                    };
+                    self.st.hooks[idx] = self.open_entry(hook, point, &rev, attempt);
                     self.st.message = Some(format!(
                         "revision {rev}: {} hook {} (attempt {attempt})",
                         point.as_str(),
