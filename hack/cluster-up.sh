@@ -7,6 +7,8 @@
 #   .cluster/bin/kubectl  the kubectl that matches the server
 #   .cluster/logs/*.log   one log per component
 #   .cluster/pids/*.pid   what cluster-down stops
+#   .cluster/cmds/*.args  each component's command line (NUL-separated), so that
+#                         hack/cluster-ctl.sh can stop and start one again
 # Running it again while the cluster is healthy is a no-op.
 # `cluster-up.sh --check` only tells (exit 0) whether it is up and healthy.
 set -euo pipefail
@@ -71,7 +73,7 @@ for port in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KCM_PORT" "$SCHED
   fi
 done
 
-mkdir -p "$STATE"/{pki,logs,pids,bin,etcd-data}
+mkdir -p "$STATE"/{pki,logs,pids,cmds,bin,etcd-data}
 ln -sfn "$K8S_BIN/kubectl" "$STATE/bin/kubectl"
 PKI="$STATE/pki"
 
@@ -120,6 +122,7 @@ kubeconfig "$STATE/kwok.kubeconfig" kwok
 start() { # name cmd...
   local name="$1"; shift
   log "starting $name"
+  printf '%s\0' "$@" >"$STATE/cmds/$name.args"
   # setsid: its own process group, so it survives the shell and is stopped by PID.
   # 9>&-: the component must not inherit (and so hold) the cluster-up lock.
   setsid "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): builds the control plane if it is
 # not cached, starts the local cluster (unless one is already up), runs every
-# test against it and stops the cluster again if this script started it.
+# test against it and stops the cluster again if this script started it. With
+# no arguments (no test filter), a last phase runs tests/faults_cluster.rs,
+# which brings up and stops a second cluster of its own.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,8 +31,12 @@ export KUBECONFIG="$STATE/kubeconfig"
 # Tests that need the cluster fail (never skip) when it cannot be started.
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
 rm -rf target/fault-results
+# tests/faults_cluster.rs is #[ignore]d here: it runs in the phase below.
 cargo test --lib --bins --tests -- "$@"
-# The fault-injection scenarios (tests/faults.rs) each wrote a row; print the table.
 if [ $# -eq 0 ]; then
+  # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
+  # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
+  cargo test --test faults_cluster -- --ignored --test-threads=1
+  # The fault-injection scenarios (tests/faults*.rs) each wrote a row; print the table.
   hack/fault-table.sh
 fi

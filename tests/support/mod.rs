@@ -35,10 +35,14 @@ fn state_dir() -> PathBuf {
 }
 
 /// The local cluster, as a test sees it.
+#[derive(Clone)]
 pub struct Cluster {
     pub client: Client,
     pub kubeconfig: PathBuf,
     pub kubectl: PathBuf,
+    /// Its state directory (`BALLAST_CLUSTER_DIR` of the hack/ scripts): logs of the
+    /// operators the tests start go under `logs/`.
+    pub dir: PathBuf,
 }
 
 static CLUSTER_UP: Once = Once::new();
@@ -68,13 +72,82 @@ pub async fn cluster() -> Cluster {
             );
         }
     });
-    let kubeconfig = state_dir().join("kubeconfig");
-    let kubectl = state_dir().join("bin/kubectl");
-    let client = client_for(&kubeconfig).await;
-    Cluster {
-        client,
-        kubeconfig,
-        kubectl,
+    Cluster::of_dir(state_dir()).await
+}
+
+/// A cluster of its own: started (or reused when healthy) by hack/cluster-up.sh in `dir` with
+/// `env` (the `BALLAST_*_PORT` of the scripts), for tests that disturb the control plane and so
+/// must not share the cluster of [`cluster`]. Panics, never skips, when it cannot be started.
+/// [`Cluster::stop`] stops it again.
+pub async fn own_cluster(dir: &Path, env: &[(String, String)]) -> Cluster {
+    let out = Command::new(repo_root().join("hack/cluster-up.sh"))
+        .env("BALLAST_CLUSTER_DIR", dir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running hack/cluster-up.sh");
+    if !out.status.success() {
+        // Whatever it did start goes again.
+        let _ = Command::new(repo_root().join("hack/cluster-down.sh"))
+            .env("BALLAST_CLUSTER_DIR", dir)
+            .stdin(Stdio::null())
+            .output();
+    }
+    assert!(
+        out.status.success(),
+        "the cluster in {} could not be started (ports {env:?}).\n\
+         If the control plane binaries are missing, build them with `make cluster-build`.\n\
+         hack/cluster-up.sh said:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Cluster::of_dir(dir.to_path_buf()).await
+}
+
+impl Cluster {
+    async fn of_dir(dir: PathBuf) -> Self {
+        let kubeconfig = dir.join("kubeconfig");
+        let kubectl = dir.join("bin/kubectl");
+        let client = client_for(&kubeconfig).await;
+        Cluster {
+            client,
+            kubeconfig,
+            kubectl,
+            dir,
+        }
+    }
+
+    /// Runs `hack/cluster-ctl.sh <action> <component>` on this cluster (stop, start or restart
+    /// one control plane process; start returns once it is healthy) and panics unless it
+    /// succeeds.
+    #[track_caller]
+    pub fn ctl(&self, action: &str, component: &str) {
+        let out = Command::new(repo_root().join("hack/cluster-ctl.sh"))
+            .env("BALLAST_CLUSTER_DIR", &self.dir)
+            .args([action, component])
+            .stdin(Stdio::null())
+            .output()
+            .expect("running hack/cluster-ctl.sh");
+        assert!(
+            out.status.success(),
+            "hack/cluster-ctl.sh {action} {component} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Stops the cluster and removes its state (hack/cluster-down.sh).
+    pub fn stop(&self) {
+        let out = Command::new(repo_root().join("hack/cluster-down.sh"))
+            .env("BALLAST_CLUSTER_DIR", &self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running hack/cluster-down.sh");
+        if !out.status.success() {
+            eprintln!(
+                "hack/cluster-down.sh failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }
 
@@ -176,7 +249,9 @@ impl Cluster {
         static LOCK: Mutex<()> = Mutex::new(());
         let _guard = LOCK.lock().unwrap();
         self.install();
-        let path = state_dir().join(format!("operator-{}.kubeconfig", std::process::id()));
+        let path = self
+            .dir
+            .join(format!("operator-{}.kubeconfig", std::process::id()));
         if path.exists() {
             return path;
         }
@@ -380,7 +455,13 @@ impl Operator {
     }
 
     pub fn start_with(cluster: &Cluster, namespace: &str, lease: &str, extra: &[&str]) -> Self {
-        Self::start_with_kubeconfig(&cluster.operator_kubeconfig(), namespace, lease, extra)
+        Self::start_logged(
+            &cluster.operator_kubeconfig(),
+            &cluster.dir.join("logs"),
+            namespace,
+            lease,
+            extra,
+        )
     }
 
     /// Starts `ballast` with `kubeconfig` (e.g. one that dials a fault proxy).
@@ -390,10 +471,24 @@ impl Operator {
         lease: &str,
         extra: &[&str],
     ) -> Self {
+        Self::start_logged(
+            kubeconfig,
+            &state_dir().join("logs"),
+            namespace,
+            lease,
+            extra,
+        )
+    }
+
+    fn start_logged(
+        kubeconfig: &Path,
+        logs: &Path,
+        namespace: &str,
+        lease: &str,
+        extra: &[&str],
+    ) -> Self {
         let http_port = free_port();
-        let log = state_dir()
-            .join("logs")
-            .join(format!("operator-{namespace}-{http_port}.log"));
+        let log = logs.join(format!("operator-{namespace}-{http_port}.log"));
         std::fs::create_dir_all(log.parent().unwrap()).unwrap();
         let file = std::fs::File::create(&log).expect("creating the operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_ballast"))

@@ -27,7 +27,11 @@ pub struct Env {
 
 impl Env {
     pub async fn new(prefix: &str) -> Self {
-        let c = cluster().await;
+        Self::on(cluster().await, prefix).await
+    }
+
+    /// The same on `c`, e.g. a cluster of its own ([`super::own_cluster`]).
+    pub async fn on(c: Cluster, prefix: &str) -> Self {
         let ns = TestNamespace::new(&c, prefix).await;
         let op = Operator::start(&c, &ns.name);
         Self { c, ns, op }
