@@ -31,12 +31,12 @@ export KUBECONFIG="$STATE/kubeconfig"
 # Tests that need the cluster fail (never skip) when it cannot be started.
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
 rm -rf target/fault-results
-# tests/faults_cluster.rs is #[ignore]d here: it runs in the phase below.
-cargo test --lib --bins --tests -- "$@"
+# tests/faults_cluster.rs starts a second cluster: it runs in the phase below, alone.
+cargo test --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own "$@"
 if [ $# -eq 0 ]; then
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
-  cargo test --test faults_cluster -- --ignored --test-threads=1
+  cargo test --test faults_cluster -- --test-threads=1
   # The fault-injection scenarios (tests/faults*.rs) each wrote a row; print the table.
   hack/fault-table.sh
 fi

@@ -3,10 +3,11 @@
 //! pre hook). Restarting the API server and deleting the CRDs would break every test running
 //! beside them, so they run on a cluster of their own: this target starts it with
 //! hack/cluster-up.sh in `target/faults-cluster` on ports of its own, and stops it at the end.
-//! Its test is `#[ignore]`d, so that `cargo test` leaves it out (and `clippy --all-targets`
-//! still lints it); hack/test.sh runs it in a phase of its own:
-//! `cargo test --test faults_cluster -- --ignored`. Like tests/faults.rs, each scenario
-//! records its row of the fault table before the test asserts. See docs/reliability.md.
+//! A plain `cargo test` runs it beside everything else (it disturbs only its own cluster);
+//! hack/test.sh skips it in the main run and gives it a phase of its own, so that two clusters
+//! never share the machine's two cores: `cargo test --test faults_cluster`. Like
+//! tests/faults.rs, each scenario records its row of the fault table before the test asserts.
+//! See docs/reliability.md.
 //!
 //! Overrides: `BALLAST_FAULTS_CLUSTER_DIR`, `BALLAST_FAULTS_APISERVER_PORT` (36443),
 //! `BALLAST_FAULTS_ETCD_PORT` (32379), `BALLAST_FAULTS_ETCD_PEER_PORT` (32380),
@@ -128,7 +129,6 @@ fn check(failures: &mut Vec<String>, ok: bool, what: impl Into<String>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "starts a cluster of its own; hack/test.sh runs it in its phase: cargo test --test faults_cluster -- --ignored"]
 async fn outages_and_uninstall_on_a_cluster_of_their_own() {
     let (dir, ports) = own_cluster_config();
     assert!(
