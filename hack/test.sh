@@ -32,7 +32,7 @@ export KUBECONFIG="$STATE/kubeconfig"
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
 rm -rf target/fault-results
 # tests/faults_cluster.rs starts a second cluster: it runs in the phase below, alone.
-cargo test --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own "$@"
+cargo test --no-fail-fast --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own "$@"
 if [ $# -eq 0 ]; then
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.

@@ -206,6 +206,10 @@ async fn f8_a_hook_job_the_api_server_refuses_ends_the_revision_in_time() {
         !env.events("HookFailed").await.is_empty(),
         "a HookFailed Warning Event",
     );
+    // Failed is recorded first; the rollback is the next step.
+    let s = env
+        .wait_phase("web", RolloutPhase::RolledBack, None, 20)
+        .await;
     let d = env.deployment("web").await;
     check(
         &mut failures,
