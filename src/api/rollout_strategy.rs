@@ -227,8 +227,9 @@ pub struct Hook {
 
     /// Mid hooks only, and required there: the progress point, as a count of updated and
     /// available replicas (e.g. `2`) or a percent of `spec.replicas` from `1%` to `100%`
-    /// (e.g. `50%`, rounded up). A point beyond `spec.replicas` is reached when all replicas
-    /// are updated. With the `Recreate` strategy a mid hook runs once the old pods are gone.
+    /// (e.g. `50%`, rounded up, but a percent below 100% always leaves one old replica:
+    /// `90%` of 4 is 3). A point beyond `spec.replicas` is reached when all replicas are
+    /// updated. With the `Recreate` strategy a mid hook runs once the old pods are gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "int_or_string_schema")]
     #[x_kube(
@@ -319,22 +320,28 @@ impl Hook {
 }
 
 /// The replica count at which a mid hook with this `at` runs, for a Deployment that wants
-/// `desired` replicas: a count as is, a percent of `desired` rounded up, both capped at
-/// `desired`. `None` when `at` is not a valid progress point.
+/// `desired` replicas: a count as is, capped at `desired`; a percent of `desired` rounded up,
+/// except that a percent below 100 always leaves at least one old replica (at most
+/// `desired - 1`), so the point comes before the rollout is complete (`90%` of 4 is 3, not 4).
+/// `None` when `at` is not a valid progress point.
 pub fn progress_point(at: &IntOrString, desired: i32) -> Option<i32> {
     let desired = desired.max(0);
-    let wanted = match at {
-        IntOrString::Int(n) if *n >= 1 => *n,
+    match at {
+        IntOrString::Int(n) if *n >= 1 => Some((*n).min(desired)),
         IntOrString::String(s) => {
             let percent: i64 = s.strip_suffix('%')?.parse().ok()?;
             if !(1..=100).contains(&percent) {
                 return None;
             }
-            i32::try_from((percent * i64::from(desired) + 99) / 100).ok()?
+            let up = i32::try_from((percent * i64::from(desired) + 99) / 100).ok()?;
+            Some(if percent < 100 {
+                up.min(desired - 1).max(0)
+            } else {
+                up.min(desired)
+            })
         }
-        IntOrString::Int(_) => return None,
-    };
-    Some(wanted.min(desired))
+        IntOrString::Int(_) => None,
+    }
 }
 
 fn job_spec_schema(_: &mut SchemaGenerator) -> Schema {
@@ -681,6 +688,12 @@ spec:
         assert_eq!(progress_point(&pct("50%"), 4), Some(2));
         assert_eq!(progress_point(&pct("1%"), 10), Some(1));
         assert_eq!(progress_point(&pct("100%"), 7), Some(7));
+        // Below 100%, at least one old replica is left: the point comes before completion.
+        assert_eq!(progress_point(&pct("90%"), 4), Some(3));
+        assert_eq!(progress_point(&pct("99%"), 10), Some(9));
+        assert_eq!(progress_point(&pct("90%"), 100), Some(90));
+        assert_eq!(progress_point(&pct("50%"), 1), Some(0));
+        assert_eq!(progress_point(&pct("50%"), 0), Some(0));
         assert_eq!(progress_point(&IntOrString::Int(5), 3), Some(3));
         assert_eq!(progress_point(&IntOrString::Int(2), 3), Some(2));
         assert_eq!(progress_point(&pct("0%"), 3), None);

@@ -238,6 +238,7 @@ impl Machine<'_> {
                     self.deadline();
                     return;
                 }
+                self.note_overshoot(hook, dep);
             }
             match self.run_hook(HookPoint::Mid, hook, dep) {
                 Run::Done => {}
@@ -245,6 +246,25 @@ impl Machine<'_> {
             }
         }
         self.resume_rolling(dep);
+    }
+
+    /// A surge step can scale the new ReplicaSet past a mid point in one go, before the pause
+    /// lands: the hook then starts with more new replicas than `at`, and says by how many.
+    fn note_overshoot(&mut self, hook: &Hook, dep: &DeploymentView) {
+        let point = Self::point_of(hook, dep);
+        let scaled = dep.desired_of(&dep.revision);
+        if scaled > point {
+            self.event(
+                false,
+                "MidPointPassed",
+                format!(
+                    "mid hook {} of revision {}: the Deployment controller's step scaled the new ReplicaSet to {scaled}, {} past the point {point}, before the pause",
+                    hook.name,
+                    dep.revision,
+                    scaled - point
+                ),
+            );
+        }
     }
 
     pub(super) fn resume_rolling(&mut self, dep: &DeploymentView) {

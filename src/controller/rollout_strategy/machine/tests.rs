@@ -738,8 +738,16 @@ fn a_mid_point_pauses_when_scaled_to_and_runs_once_those_pods_are_available() {
     assert!(d.status.hooks.is_empty());
     assert!(d.requeue.is_some(), "the progress deadline is a timer");
     scaled.replica_sets[1].available = 2;
-    let d = Case::new(s, d.status, scaled).decide();
+    let d = Case::new(s.clone(), d.status.clone(), scaled.clone()).decide();
     assert_eq!(hook(&d, "smoke").phase, HookPhase::Pending);
+    assert!(!reasons(&d).contains(&"MidPointPassed"));
+    // One surge step took the ReplicaSet past the point before the pause: said so.
+    scaled.replica_sets[1].desired = 3;
+    scaled.replica_sets[1].available = 3;
+    let st = status(RolloutPhase::MidHook, vec![]);
+    let d = Case::new(s, st, scaled).decide();
+    assert_eq!(hook(&d, "smoke").phase, HookPhase::Pending);
+    assert!(reasons(&d).contains(&"MidPointPassed"), "{:?}", reasons(&d));
 }
 
 #[test]
