@@ -980,3 +980,110 @@ async fn adopting_a_paused_deployment_with_a_pending_change_hooks_the_change() {
         "the same ReplicaSet serves"
     );
 }
+
+/// Issue 14's bound on pause writes, in pause-at-rest mode: a revision with k mid hooks writes
+/// `spec.paused` at most 2k + 2 times (unpaused after the pre hooks, paused and unpaused at each
+/// mid point, paused for the post hooks), counted at the API server's door by the fault proxy.
+/// And while a mid hook runs, the new ReplicaSet is not scaled: the rollout holds at its point.
+#[tokio::test]
+async fn a_revision_with_k_mid_hooks_writes_paused_at_most_2k_plus_2_times() {
+    use support::Operator;
+    use support::proxy::FaultProxy;
+    let mut env = Env::new("rost-pauses").await;
+    // The operator, through a proxy that records its writes.
+    let proxy = FaultProxy::start(&env.c);
+    env.op.kill();
+    env.op = Operator::start_with_kubeconfig(
+        &proxy.operator_kubeconfig(&env.c),
+        &env.ns.name,
+        &format!("ballast-{}-1", env.ns.name),
+        &[],
+    );
+    // Simulated pods are ready at once; a pod counts as available 3 s later, so each step of
+    // the Deployment controller takes that long, as with real pods starting.
+    env.apply(
+        &deployment_yaml("web", "web:1", 4, false, ROLLING)
+            .replace("  replicas: 4\n", "  replicas: 4\n  minReadySeconds: 3\n"),
+    );
+    wait_available(&env, "web", 4).await;
+    env.apply(&format!(
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {{name: web}}
+spec:
+  targetRef: {{name: web}}
+  pre: [{{name: migrate, container: {{from: app, command: [migrate]}}}}]
+  mid:
+  - {{name: smoke, at: 1, job: {smoke}}}
+  - {{name: check, at: 75%, job: {check}}}
+  post: [{{name: purge, container: {{from: app, command: [purge]}}}}]
+"#,
+        smoke = job_hook("smoke:1", "3s", false),
+        check = job_hook("check:1", "3s", false),
+    ));
+    env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    let deployment_path = format!("/apis/apps/v1/namespaces/{}/deployments/web", env.ns.name);
+    let deployment_writes = || {
+        proxy
+            .writes()
+            .into_iter()
+            .filter(|w| w.path == deployment_path && w.applied())
+            .count()
+    };
+    let before = deployment_writes();
+    env.set_image("web", "web:2").await;
+
+    // (hook, new ReplicaSet's spec.replicas when it was first seen running, every value seen
+    // while it ran)
+    let mut held: Vec<(String, i32, Vec<i32>)> = vec![];
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no success in time");
+        let s = env.status("web").await;
+        if s.phase == Some(RolloutPhase::Succeeded) && s.stable_revision == s.current_revision {
+            break;
+        }
+        let rss = env.replica_sets().await;
+        let scaled = rs_of_image(&rss, "web:2")
+            .and_then(|r| r.spec.as_ref()?.replicas)
+            .unwrap_or(0);
+        for h in s
+            .hooks
+            .iter()
+            .filter(|h| h.point == ballast::api::HookPoint::Mid && h.phase == HookPhase::Running)
+        {
+            match held.iter_mut().find(|(name, _, _)| *name == h.name) {
+                Some((_, _, seen)) => seen.push(scaled),
+                None => held.push((h.name.clone(), scaled, vec![scaled])),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Every Deployment write of this revision is a pause or an unpause: no Recreate, no rollback.
+    let writes = deployment_writes() - before;
+    let k = 2;
+    assert!(
+        writes <= 2 * k + 2,
+        "{writes} writes of spec.paused for {k} mid hooks (at most {})",
+        2 * k + 2
+    );
+    assert_eq!(held.len(), k, "both mid hooks were seen running: {held:?}");
+    for (hook, at_start, seen) in &held {
+        assert!(
+            seen.iter().all(|n| n == at_start),
+            "the new ReplicaSet was scaled while mid hook {hook} ran: {seen:?}"
+        );
+    }
+    // maxSurge 1, maxUnavailable 0: each step adds one pod, and a step takes 3 s, so the pause
+    // lands on the points exactly.
+    assert_eq!(
+        held.iter().map(|(_, n, _)| *n).collect::<Vec<_>>(),
+        [1, 3],
+        "mid hooks at 1 and 75% of 4"
+    );
+    assert!(
+        env.events("MidPointPassed").await.is_empty(),
+        "no point passed with single-pod steps"
+    );
+}
