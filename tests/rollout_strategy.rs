@@ -255,6 +255,20 @@ spec:
     ] {
         assert!(out.contains(col), "{out}");
     }
+    // Each hook's start is an Event of its own, with its own message: the same reason on the
+    // same object is not folded into the first one (as kube's Recorder alone would do).
+    let started: Vec<String> = env
+        .events("HookStarted")
+        .await
+        .into_iter()
+        .filter_map(|e| e.message)
+        .collect();
+    for hook in ["migrate", "smoke", "purge"] {
+        assert!(
+            started.iter().any(|m| m.contains(&format!("hook {hook} "))),
+            "a HookStarted Event names {hook}: {started:?}"
+        );
+    }
 }
 
 #[tokio::test]

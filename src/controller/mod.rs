@@ -2,6 +2,7 @@
 //! steps — read → decide → write → status — where the middle step is pure.
 
 pub mod backoff;
+pub mod events;
 pub mod rollout_strategy;
 pub mod spread_policy;
 
@@ -17,7 +18,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{
         WatchStreamExt,
-        events::{Event, EventType, Recorder},
+        events::{Event, EventType},
         watcher,
     },
 };
@@ -109,7 +110,7 @@ pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 /// of its status is lost), and a Warning Event when that is news. Everything else goes on.
 pub async fn report_invalid<K>(
     client: &Client,
-    recorder: &Recorder,
+    recorder: &events::Publisher,
     manager: &str,
     obj: &Invalid,
 ) -> kube::Result<()>

@@ -33,7 +33,7 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        events::{Recorder, Reporter},
+        events::Reporter,
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -55,7 +55,7 @@ pub struct State {
     ctx: Context,
     /// Ends waits that the shutdown would otherwise sit out.
     shutdown: ShutdownSignal,
-    recorder: Recorder,
+    recorder: super::events::Publisher,
     strategies: Store<Lenient<RolloutStrategy>>,
     backoff: Backoff,
 }
@@ -145,7 +145,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         instance: None,
     };
     let state = Arc::new(State {
-        recorder: Recorder::new(ctx.client.clone(), reporter),
+        recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
         ctx: ctx.clone(),
         strategies: s3,

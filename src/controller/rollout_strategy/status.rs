@@ -9,7 +9,7 @@ use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use crate::metrics::{HookLabels, Metrics, PhaseLabels};
 use kube::{
     Api, Resource,
-    runtime::events::{Event, EventType, Recorder},
+    runtime::events::{Event, EventType},
 };
 
 /// Writes `status` unless it is what the strategy already has.
@@ -56,7 +56,11 @@ fn point_label(p: HookPoint) -> &'static str {
 }
 
 /// Publishes the Events of a decision on the strategy.
-pub async fn publish(recorder: &Recorder, strategy: &RolloutStrategy, notes: &[Note]) {
+pub async fn publish(
+    recorder: &crate::controller::events::Publisher,
+    strategy: &RolloutStrategy,
+    notes: &[Note],
+) {
     for n in notes {
         let ev = Event {
             type_: if n.warning {

@@ -39,7 +39,7 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, EventType, Reporter},
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -69,7 +69,7 @@ pub struct State {
     deployments: Store<Deployment>,
     stateful_sets: Store<StatefulSet>,
     nodes: Store<Node>,
-    recorder: Recorder,
+    recorder: super::events::Publisher,
     /// Our template writes and the rollouts under way (see [`tracker`]);
     /// shared with the workload watches' mappers.
     tracker: Arc<Mutex<Tracker>>,
@@ -231,7 +231,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         instance: None,
     };
     let state = Arc::new(State {
-        recorder: Recorder::new(ctx.client.clone(), reporter),
+        recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
         ctx,
         policies: policies.clone(),
