@@ -10,6 +10,41 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 impl Machine<'_> {
+    /// Makes a new run of `hook` the current one: phase, message and a HookStarted Event.
+    fn announce(&mut self, point: HookPoint, hook: &Hook, rev: &str, attempt: i32, why: &str) {
+        self.st.current_hook = Some(hook.name.clone());
+        if hook.approval.is_some() {
+            self.set_phase(RolloutPhase::WaitingApproval);
+            self.st.message = Some(format!(
+                "waiting for approval: annotate this RolloutStrategy {APPROVE_ANNOTATION}={rev}"
+            ));
+            self.event(
+                false,
+                "HookStarted",
+                format!(
+                    "approval gate {} waits for {APPROVE_ANNOTATION}={rev}{why}",
+                    hook.name
+                ),
+            );
+        } else {
+            self.set_phase(point_phase(point));
+            self.st.message = Some(format!(
+                "revision {rev}: {} hook {} (attempt {attempt})",
+                point.as_str(),
+                hook.name
+            ));
+            self.event(
+                false,
+                "HookStarted",
+                format!(
+                    "{} hook {} for revision {rev}, attempt {attempt}{why}",
+                    point.as_str(),
+                    hook.name
+                ),
+            );
+        }
+    }
+
     /// A new run of `hook`: Waiting for an approval gate, else Pending (its Job is next).
     fn open_entry(&self, hook: &Hook, point: HookPoint, rev: &str, attempt: i32) -> HookStatus {
         HookStatus {
@@ -44,7 +79,6 @@ impl Machine<'_> {
 
     pub(super) fn run_hook(&mut self, point: HookPoint, hook: &Hook, dep: &DeploymentView) -> Run {
         let rev = self.current();
-        let gate = hook.approval.is_some();
         let Some(idx) = self.st.hooks.iter().position(|e| e.name == hook.name) else {
             // A Job of this hook and revision beyond the attempts already used (one made before
             // the status was lost) is this run: it is adopted, never run a second time.
@@ -60,37 +94,7 @@ impl Machine<'_> {
                 .unwrap_or(self.st.attempt_offset + 1);
             let entry = self.open_entry(hook, point, &rev, attempt);
             self.st.hooks.push(entry);
-            self.st.current_hook = Some(hook.name.clone());
-            if gate {
-                self.set_phase(RolloutPhase::WaitingApproval);
-                self.st.message = Some(format!(
-                    "waiting for approval: annotate this RolloutStrategy {APPROVE_ANNOTATION}={rev}"
-                ));
-                self.event(
-                    false,
-                    "HookStarted",
-                    format!(
-                        "approval gate {} waits for {APPROVE_ANNOTATION}={rev}",
-                        hook.name
-                    ),
-                );
-            } else {
-                self.set_phase(point_phase(point));
-                self.st.message = Some(format!(
-                    "revision {rev}: {} hook {} (attempt {attempt})",
-                    point.as_str(),
-                    hook.name
-                ));
-                self.event(
-                    false,
-                    "HookStarted",
-                    format!(
-                        "{} hook {} for revision {rev}, attempt {attempt}",
-                        point.as_str(),
-                        hook.name
-                    ),
-                );
-            }
+            self.announce(point, hook, &rev, attempt, "");
             return Run::Acted;
         };
         let e = self.st.hooks[idx].clone();
@@ -99,8 +103,8 @@ impl Machine<'_> {
             HookPhase::Failed if e.reason.as_deref() == Some(CANCELLED) => {
                 // Back in the spec after it was cancelled: a fresh run.
                 let attempt = e.attempt + 1;
-                self.st.current_hook = Some(hook.name.clone());
                 self.st.hooks[idx] = self.open_entry(hook, point, &rev, attempt);
+                self.announce(point, hook, &rev, attempt, " (after a cancelled run)");
                 Run::Acted
             }
             HookPhase::Failed => {
@@ -119,20 +123,7 @@ impl Machine<'_> {
                     }
                     let attempt = e.attempt + 1;
                     self.st.hooks[idx] = self.open_entry(hook, point, &rev, attempt);
-                    self.st.message = Some(format!(
-                        "revision {rev}: {} hook {} (attempt {attempt})",
-                        point.as_str(),
-                        hook.name
-                    ));
-                    self.event(
-                        false,
-                        "HookStarted",
-                        format!(
-                            "{} hook {} for revision {rev}, attempt {attempt} (retry)",
-                            point.as_str(),
-                            hook.name
-                        ),
-                    );
+                    self.announce(point, hook, &rev, attempt, " (retry)");
                     return Run::Acted;
                 }
                 let msg = format!("hook {} failed", hook.name);
