@@ -18,28 +18,36 @@ impl Machine<'_> {
         matches!(e.phase, HookPhase::Pending | HookPhase::Running)
     }
 
-    /// A Job that still runs but that nothing will follow: its hook timed out or was given up,
-    /// it belongs to another revision or to a Deployment of the same name that was deleted, or
-    /// its hook is no longer in the spec (renamed or removed while it ran). It is deleted so
-    /// nothing of it keeps running. Before the current revision is known (no status yet),
-    /// nothing is stray: a running Job of the revision about to start is adopted instead.
+    /// Whether the spec still has a hook of this name (at any point).
+    fn in_spec(&self, hook: &str) -> bool {
+        self.i.spec.hooks().any(|(_, h)| h.name == hook)
+    }
+
     /// A hook renamed or removed while it ran or waited: its entry ends as Failed with reason
     /// `Cancelled` (its Job is deleted as stray), so status never shows it running for good. A
     /// hook of that name that comes back later runs afresh, with the next attempt.
     pub(super) fn cancel_removed_hooks(&mut self) {
         let now = self.now();
-        let mut cancelled = vec![];
-        for e in &mut self.st.hooks {
-            let open = Self::is_open(e) || e.phase == HookPhase::Waiting;
-            if open && !self.i.spec.hooks().any(|(_, h)| h.name == e.name) {
-                e.phase = HookPhase::Failed;
-                e.reason = Some(CANCELLED.into());
-                e.message = Some("the hook left the spec while it ran; its Job is deleted".into());
-                e.finish_time = Some(Time(now));
-                cancelled.push(e.name.clone());
-            }
+        let removed: Vec<String> = self
+            .st
+            .hooks
+            .iter()
+            .filter(|e| Self::is_open(e) || e.phase == HookPhase::Waiting)
+            .filter(|e| !self.in_spec(&e.name))
+            .map(|e| e.name.clone())
+            .collect();
+        for e in self
+            .st
+            .hooks
+            .iter_mut()
+            .filter(|e| removed.contains(&e.name))
+        {
+            e.phase = HookPhase::Failed;
+            e.reason = Some(CANCELLED.into());
+            e.message = Some("the hook left the spec while it ran; its Job is deleted".into());
+            e.finish_time = Some(Time(now));
         }
-        for name in cancelled {
+        for name in removed {
             if self.st.current_hook.as_deref() == Some(name.as_str()) {
                 self.st.current_hook = None;
             }
@@ -51,15 +59,19 @@ impl Machine<'_> {
         }
     }
 
+    /// A Job that still runs but that nothing will follow: its hook timed out or was given up,
+    /// it belongs to another revision or to a Deployment of the same name that was deleted, or
+    /// its hook is no longer in the spec (renamed or removed while it ran). It is deleted so
+    /// nothing of it keeps running. Before the current revision is known (no status yet),
+    /// nothing is stray: a running Job of the revision about to start is adopted instead.
     pub(super) fn stray_active_job(&self, dep: &DeploymentView) -> Option<String> {
         let cur = self.st.current_revision.as_deref()?;
-        let in_spec = |hook: &str| self.i.spec.hooks().any(|(_, h)| h.name == hook);
         self.i
             .jobs
             .iter()
             .filter(|j| !j.finished())
             .find(|j| {
-                if !j.targets(&dep.uid) || j.revision != cur || !in_spec(&j.hook) {
+                if !j.targets(&dep.uid) || j.revision != cur || !self.in_spec(&j.hook) {
                     return true;
                 }
                 match self.st.hooks.iter().find(|e| e.name == j.hook) {
