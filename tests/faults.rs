@@ -566,6 +566,23 @@ async fn updated(env: &Env) -> i32 {
         .unwrap_or(0)
 }
 
+/// Sets `web`'s image and waits until `hook` runs in `phase`; returns the new revision.
+async fn start_revision(
+    env: &Env,
+    image: &str,
+    phase: RolloutPhase,
+    hook: &str,
+    secs: u64,
+) -> String {
+    env.set_image("web", image).await;
+    env.wait_status("web", &format!("{hook} running for {image}"), secs, |s| {
+        s.phase == Some(phase) && running(s, hook)
+    })
+    .await
+    .current_revision
+    .unwrap()
+}
+
 fn resume(env: &Env) {
     env.c
         .kubectl_ok(&["rollout", "resume", "deployment/web", "-n", &env.ns.name]);
@@ -616,13 +633,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
 
     // `kubectl rollout resume` while the pre hook runs.
     let sampler = Sampler::start(&env);
-    env.set_image("web", "web:2").await;
-    let s = env
-        .wait_status("web", "migrate running", 40, |s| {
-            s.phase == Some(RolloutPhase::PreHook) && running(s, "migrate")
-        })
-        .await;
-    let rev2 = s.current_revision.clone().unwrap();
+    let rev2 = start_revision(&env, "web:2", RolloutPhase::PreHook, "migrate", 40).await;
     resume(&env);
     check(
         &mut failures,
@@ -788,13 +799,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     )
     .await;
     let sampler = Sampler::start(&env);
-    env.set_image("web", "web:4").await;
-    let s = env
-        .wait_status("web", "smoke running", 60, |s| {
-            s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
-        })
-        .await;
-    let rev4 = s.current_revision.clone().unwrap();
+    let rev4 = start_revision(&env, "web:4", RolloutPhase::MidHook, "smoke", 60).await;
     env.c.kubectl_ok(&[
         "scale",
         "deployment/web",
@@ -860,13 +865,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     )
     .await;
     let sampler = Sampler::start(&env);
-    env.set_image("web", "web:5").await;
-    let s = env
-        .wait_status("web", "migrate running", 40, |s| {
-            s.phase == Some(RolloutPhase::PreHook) && running(s, "migrate")
-        })
-        .await;
-    let rev5 = s.current_revision.clone().unwrap();
+    let rev5 = start_revision(&env, "web:5", RolloutPhase::PreHook, "migrate", 40).await;
     apply_strategy(
         &env,
         &format!(
@@ -954,13 +953,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     )
     .await;
     let sampler = Sampler::start(&env);
-    env.set_image("web", "web:6").await;
-    let s = env
-        .wait_status("web", "smoke running on the scaled-down web:6", 60, |s| {
-            s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke")
-        })
-        .await;
-    let rev6 = s.current_revision.clone().unwrap();
+    let rev6 = start_revision(&env, "web:6", RolloutPhase::MidHook, "smoke", 60).await;
     let scaled = Instant::now();
     env.c.kubectl_ok(&[
         "scale",
