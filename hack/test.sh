@@ -10,6 +10,20 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 STATE="${BALLAST_CLUSTER_DIR:-$ROOT/.cluster}"
 
+# tests/argocd_health.rs runs the Argo CD health check with a real Lua interpreter (and fails
+# without one): install it on a bare machine.
+if ! command -v lua5.4 >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  apt_install() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq lua5.4; }
+  log="$(mktemp)"
+  if ! { apt_install || { $sudo apt-get update -qq && apt_install; }; } >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
+fi
+
 hack/build-cluster.sh
 
 started=false
