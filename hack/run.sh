@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: the main job on the local cluster. Builds and starts the local
-# control plane if it is not up, installs the CRDs, applies every example into
+# control plane if it is not up, installs config/local (config/default without the
+# manager's Deployment: CRDs, RBAC, the revision gate), applies every example into
 # namespace `demo`, prints how to point kubectl at the cluster, and runs the
 # operator in the foreground (Ctrl-C stops it; the cluster stays up until
 # `make cluster-down`).
@@ -17,9 +18,27 @@ export KUBECONFIG="$STATE/kubeconfig"
 KUBECTL="$STATE/bin/kubectl"
 
 cargo build --bin ballast
+# Everything config/default installs but the manager's Deployment (config/local): CRDs, RBAC,
+# the revision gate. The CRDs first, so the gate's param kind exists when the policy comes.
 "$KUBECTL" apply --server-side -k config/crd >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s \
   crd/spreadpolicies.ballast.dev crd/rolloutstrategies.ballast.dev >/dev/null
+"$KUBECTL" apply --server-side --force-conflicts -k config/local >/dev/null
+# The operator runs as its ServiceAccount, with the RBAC of config/ (and the identity the
+# revision hold exempts), not as the cluster admin.
+OPERATOR_KUBECONFIG="$STATE/operator-run.kubeconfig"
+token="$("$KUBECTL" create token ballast-controller-manager -n ballast-system --duration=24h)"
+server="$("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+ca="$("$KUBECTL" config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+umask 077
+cat >"$OPERATOR_KUBECONFIG" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: $server, certificate-authority-data: $ca}}]
+users: [{name: ballast, user: {token: $token}}]
+contexts: [{name: ballast, context: {cluster: local, user: ballast, namespace: ballast-system}}]
+current-context: ballast
+KC
 "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
 "$KUBECTL" apply -n "$NS" -f examples/ >/dev/null
 
@@ -33,8 +52,9 @@ cat <<MSG
     kubectl get pods -n $NS -o wide -L app        # where the scheduler put them
     kubectl get rolloutstrategies -n $NS -w        # then change an image, e.g.:
     kubectl set image deployment/shop app=registry.example/shop/web:1.1 -n $NS
+    kubectl rollout restart deployment/shop -n $NS  # a revision too: its hooks run
 
   Starting the operator (Ctrl-C to stop; 'make cluster-down' removes the cluster).
 
 MSG
-exec target/debug/ballast --http-addr 127.0.0.1:8080
+exec target/debug/ballast --kubeconfig "$OPERATOR_KUBECONFIG" --http-addr 127.0.0.1:8080

@@ -48,6 +48,9 @@ rm -rf target/fault-results
 # tests/faults_cluster.rs starts a second cluster: it runs in the phase below, alone.
 cargo test --no-fail-fast --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own "$@"
 if [ $# -eq 0 ]; then
+  # The RolloutStrategy tests ran with the revision gate (admission, the default); once more
+  # in the fallback mode, where governed Deployments are kept paused at rest.
+  BALLAST_TEST_GATE=pause-at-rest cargo test --test rollout_strategy
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
   cargo test --test faults_cluster -- --test-threads=1

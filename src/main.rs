@@ -67,6 +67,15 @@ struct Args {
     /// of that later.
     #[arg(long, default_value_t = health::STALE_AFTER.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     watch_stale_seconds: u64,
+    /// How RolloutStrategy holds governed Deployments while hooks run: `admission` (the
+    /// revision gate of config/admission pauses a new revision; unpaused at rest),
+    /// `pause-at-rest`, or `auto`: admission when the API server serves it and the gate is
+    /// installed as config/admission ships it, else pause-at-rest.
+    #[arg(long, env = "BALLAST_GATE", value_enum, default_value = "auto")]
+    gate: rollout_strategy::gate::GateFlag,
+    /// Name of the revision gate's MutatingAdmissionPolicy and binding (`auto` checks them).
+    #[arg(long, default_value = rollout_strategy::gate::DEFAULT_POLICY_NAME)]
+    gate_policy_name: String,
 }
 
 #[tokio::main]
@@ -176,6 +185,15 @@ async fn main() -> anyhow::Result<()> {
     };
     metrics.leader.set(1);
 
+    let gates = rollout_strategy::gate::Gates::start(
+        &client,
+        args.gate,
+        &args.gate_policy_name,
+        shutdown.clone(),
+    )
+    .await
+    .context("checking the RolloutStrategy revision gate")?;
+
     let ctx = controller::Context {
         client,
         metrics: metrics.clone(),
@@ -184,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
     };
     tracing::info!(namespace = ?ctx.namespace, "starting controllers");
     let exit_after = stale_after + stale_after / 4;
-    run_controllers(ctx, shutdown, &stop, &health, exit_after, &fail).await;
+    run_controllers(ctx, gates, shutdown, &stop, &health, exit_after, &fail).await;
 
     // In-flight reconciles are done: only now may another replica take over.
     if let Some((elector, keeper)) = &elector {
@@ -205,6 +223,7 @@ async fn main() -> anyhow::Result<()> {
 /// longer than `exit_after`, is a failure (`fail`), which shuts the other down too.
 async fn run_controllers(
     ctx: controller::Context,
+    gates: rollout_strategy::gate::Gates,
     shutdown: ShutdownSignal,
     stop: &ShutdownSignal,
     health: &Health,
@@ -227,7 +246,7 @@ async fn run_controllers(
         ),
         until_stopped(
             "rollout-strategy",
-            Box::pin(rollout_strategy::run(ctx, shutdown.clone())),
+            Box::pin(rollout_strategy::run(ctx, gates, shutdown.clone())),
         ),
     );
     tokio::pin!(both);

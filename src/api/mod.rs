@@ -10,9 +10,9 @@ pub mod spread_policy;
 
 pub use common::{GROUP, VERSION};
 pub use rollout_strategy::{
-    ApprovalGate, ContainerHook, FailurePolicy, Hook, HookAction, HookPhase, HookPoint, HookStatus,
-    OnFailure, RolloutPhase, RolloutStrategy, RolloutStrategySpec, RolloutStrategyStatus,
-    TargetRef,
+    ApprovalGate, ContainerHook, FailurePolicy, Gate, Hook, HookAction, HookPhase, HookPoint,
+    HookStatus, OnFailure, RolloutPhase, RolloutStrategy, RolloutStrategySpec,
+    RolloutStrategyStatus, TargetRef,
 };
 pub use spread_policy::{
     DeletionPolicy, Method, Mode, PodTerm, RolloutPacing, SpreadPolicy, SpreadPolicySpec,

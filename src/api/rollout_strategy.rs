@@ -444,6 +444,27 @@ pub enum RolloutPhase {
     RolledBack,
 }
 
+/// How the operator holds a governed Deployment while a revision's hooks run:
+/// - `Admission`: the revision gate of `config/admission` pauses the Deployment in the very
+///   write that creates a new revision; at rest it is not paused.
+/// - `PauseAtRest`: where that gate cannot be used, the Deployment is kept paused at rest, so a
+///   new template waits for the operator (which then runs the hooks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Gate {
+    #[default]
+    Admission,
+    PauseAtRest,
+}
+
+impl Gate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gate::Admission => "Admission",
+            Gate::PauseAtRest => "PauseAtRest",
+        }
+    }
+}
+
 /// Phase of one hook run: `Pending`, `Running`, `Succeeded`, `Failed`, `Skipped` or `Waiting`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum HookPhase {
@@ -466,8 +487,10 @@ pub struct RolloutStrategyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready`, `Progressing` and `Failed`. `lastTransitionTime` moves only when a condition's
-    /// status changes.
+    /// kstatus conditions: `Ready` (at rest on a revision that rolled out), `Reconciling` (a
+    /// revision is in progress) and `Stalled` (the revision failed, was rolled back or halted);
+    /// and, kept for earlier readers, `Progressing` (as `Reconciling`) and `Failed`.
+    /// `lastTransitionTime` moves only when a condition's status changes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -476,6 +499,19 @@ pub struct RolloutStrategyStatus {
     /// RolledBack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<RolloutPhase>,
+
+    /// The `.metadata.generation` of the target Deployment that this status describes: set
+    /// once the operator has taken up what that generation holds (a new template's sequence
+    /// started, or nothing to do). Wait for it to reach the Deployment's generation, then for
+    /// `Ready` or `Stalled`, to wait for *this* revision (docs/rollout-strategy.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_generation: Option<i64>,
+
+    /// How the Deployment is held while hooks run: `Admission` (paused by the admission gate
+    /// for a new revision only) or `PauseAtRest` (kept paused at rest; the gate is not
+    /// installed or not served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<Gate>,
 
     /// Revision (ballast's hash of the pod template) of the last template that rolled out
     /// completely.

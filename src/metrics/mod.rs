@@ -43,6 +43,11 @@ pub struct PhaseLabels {
     pub phase: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateLabels {
+    pub mode: &'static str,
+}
+
 /// All metrics of the manager. Cheap to clone (everything inside is shared).
 #[derive(Clone)]
 pub struct Metrics {
@@ -56,6 +61,8 @@ pub struct Metrics {
     pub rollout_phases: Family<PhaseLabels, Counter>,
     pub leader: Gauge,
     pub api_requests: Family<api::ApiRequestLabels, Counter>,
+    /// 1 for the RolloutStrategy gate in force (`admission` or `pause-at-rest`), 0 for the other.
+    pub gate: Family<GateLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -75,6 +82,7 @@ impl Default for Metrics {
         let rollout_phases = Family::<PhaseLabels, Counter>::default();
         let leader = Gauge::default();
         let api_requests = Family::<api::ApiRequestLabels, Counter>::default();
+        let gate = Family::<GateLabels, Gauge>::default();
         registry.register("reconciles", "Reconciliations run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -116,6 +124,11 @@ impl Default for Metrics {
             "Requests to the API server, by verb, group, resource and response code",
             api_requests.clone(),
         );
+        registry.register(
+            "gate",
+            "1 for how RolloutStrategy holds governed Deployments: mode=admission (the revision gate) or mode=pause-at-rest",
+            gate.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -127,11 +140,21 @@ impl Default for Metrics {
             rollout_phases,
             leader,
             api_requests,
+            gate,
         }
     }
 }
 
 impl Metrics {
+    /// Records the gate in force.
+    pub fn set_gate(&self, admission: bool) {
+        for (mode, on) in [("admission", admission), ("pause-at-rest", !admission)] {
+            self.gate
+                .get_or_create(&GateLabels { mode })
+                .set(i64::from(on));
+        }
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -239,6 +239,8 @@ impl Cluster {
                 "crd/spreadpolicies.ballast.dev",
                 "crd/rolloutstrategies.ballast.dev",
             ]);
+            // The API server takes up admission policies within a second.
+            std::thread::sleep(Duration::from_secs(2));
         });
     }
 
@@ -507,6 +509,7 @@ impl Operator {
                 "--lease-name",
                 lease,
             ])
+            .args(gate_args(extra))
             .args(extra)
             .stdout(file.try_clone().unwrap())
             .stderr(file)
@@ -585,6 +588,26 @@ impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// How the operators of this test run hold governed Deployments: `BALLAST_TEST_GATE`
+/// (`admission`, the default, or `pause-at-rest`), passed as `--gate`. `make test` runs the
+/// RolloutStrategy tests once in each mode.
+pub fn test_gate() -> String {
+    std::env::var("BALLAST_TEST_GATE").unwrap_or_else(|_| "admission".into())
+}
+
+/// Whether the operators of this test run use the admission gate (not paused at rest).
+pub fn admission() -> bool {
+    test_gate() != "pause-at-rest"
+}
+
+/// `--gate=<test_gate()>`, unless the test chose one itself.
+fn gate_args(extra: &[&str]) -> Vec<String> {
+    if extra.iter().any(|a| a.starts_with("--gate")) {
+        return vec![];
+    }
+    vec![format!("--gate={}", test_gate())]
 }
 
 fn free_port() -> u16 {

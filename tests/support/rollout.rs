@@ -30,11 +30,25 @@ impl Env {
         Self::on(cluster().await, prefix).await
     }
 
+    /// With operator arguments of its own (e.g. `--gate=auto`).
+    pub async fn with_args(prefix: &str, extra: &[&str]) -> Self {
+        let c = cluster().await;
+        let ns = TestNamespace::new(&c, prefix).await;
+        let op = Operator::start_with(&c, &ns.name, &format!("ballast-{}", ns.name), extra);
+        Self { c, ns, op }
+    }
+
     /// The same on `c`, e.g. a cluster of its own ([`super::own_cluster`]).
     pub async fn on(c: Cluster, prefix: &str) -> Self {
         let ns = TestNamespace::new(&c, prefix).await;
         let op = Operator::start(&c, &ns.name);
         Self { c, ns, op }
+    }
+
+    /// Whether this run's operators use the revision gate (governed Deployments unpaused at
+    /// rest) rather than pausing at rest ([`super::admission`]).
+    pub fn admission(&self) -> bool {
+        super::admission()
     }
 
     pub fn client(&self) -> Client {

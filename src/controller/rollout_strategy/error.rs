@@ -16,6 +16,13 @@ pub enum Error {
     Deployment(#[source] kube::Error),
     #[error("the Deployment changed while it was written; trying again")]
     Conflict,
+    /// The revision hold (config/admission) refused the manager's own unpause: either the API
+    /// server has not seen the strategy's new phase yet (it clears up), or the manager runs
+    /// under another identity than the one the hold exempts.
+    #[error(
+        "the revision hold refused to unpause the Deployment (is the manager's identity the one named in config/admission/revision_hold.yaml?): {0}"
+    )]
+    Held(String),
     /// The API server refused a write for good (a 4xx other than conflict or throttling).
     #[error("the API server refused a write (HTTP {code}): {message}")]
     Refused { code: u16, message: String },
@@ -50,6 +57,7 @@ impl Error {
             Error::Finalizer(_) => "FinalizerUpdateFailed",
             Error::Deployment(_) => "DeploymentWriteFailed",
             Error::Conflict => "Conflict",
+            Error::Held(_) => "HeldByAdmission",
             Error::Refused { .. } => "WriteRejected",
             Error::CreateJob { .. } => "JobCreateFailed",
             Error::BuildJob(_) => "JobBuildFailed",

@@ -1,5 +1,7 @@
 //! The RolloutStrategy controller: sequences the rollout of one plain Deployment with pre, mid
-//! and post hooks, keeping the Deployment paused at rest and all progress in status.
+//! and post hooks, all progress in status. How the Deployment is held while hooks run is the
+//! [`gate`]: paused by the revision gate (admission) for a new revision only, or, where that
+//! is not available, kept paused at rest.
 //!
 //! Steps, one module each:
 //! - read: [`observe`] — the Deployment, its ReplicaSets, the hook Jobs and pods, log tails;
@@ -12,6 +14,7 @@
 //! timer of the machine (a timeout, a backoff, a deadline) ends.
 
 pub mod error;
+pub mod gate;
 pub mod hooks;
 pub mod machine;
 pub mod observe;
@@ -58,6 +61,8 @@ pub struct State {
     recorder: super::events::Publisher,
     strategies: Store<Lenient<RolloutStrategy>>,
     backoff: Backoff,
+    /// How governed Deployments are held ([`gate`]).
+    gates: gate::Gates,
 }
 
 type Strategies = Store<Lenient<RolloutStrategy>>;
@@ -105,7 +110,7 @@ fn strategies_for(
         .collect()
 }
 
-pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
+pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let cfg = watcher::Config::default().any_semantic();
     let health = &ctx.health;
     let (store, writer) = reflector::store();
@@ -150,8 +155,19 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         ctx: ctx.clone(),
         strategies: s3,
         backoff: Backoff::default(),
+        gates: gates.clone(),
     });
+    // The gate in force, as a metric; a change of it is every strategy's business.
+    ctx.metrics
+        .set_gate(gates.current().gate == crate::api::Gate::Admission);
+    let changes = {
+        let (gates, metrics) = (gates.clone(), ctx.metrics.clone());
+        gates.changes().map(move |()| {
+            metrics.set_gate(gates.current().gate == crate::api::Gate::Admission);
+        })
+    };
     controller
+        .reconcile_all_on(changes)
         .owns_stream(jobs)
         .watches_stream(deployments, move |d: Deployment| {
             strategies_for(&s1, d.namespace(), &d.name_any())
@@ -358,6 +374,7 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
             governed_by: governed.as_deref(),
             live_pods: &observed.live_pods,
             rejected: rejected.as_ref(),
+            gate: st.gates.current().gate,
         });
         if !decision.changes(&old) {
             requeue = decision.requeue;
@@ -393,7 +410,13 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
             tracing::info!(strategy = %name, namespace = %ns, phase = ?decision.status.phase, revision = ?decision.status.current_revision, message = ?decision.status.message, "phase");
         }
         status::count(&st.ctx.metrics, &old, &decision);
-        status::publish(&st.recorder, &strategy, &decision.events).await;
+        status::publish(
+            &st.recorder,
+            &strategy,
+            observed.deployment.as_ref(),
+            &decision.events,
+        )
+        .await;
         if rejected.is_some() {
             break;
         }
@@ -422,7 +445,18 @@ async fn perform(
     tracing::info!(strategy = %strategy.name_any(), namespace = %ns, ?effect, "write");
     let result = match effect {
         Effect::Pause => write::set_paused(client, &ns, target, true).await,
-        Effect::Unpause => write::set_paused(client, &ns, target, false).await,
+        // Only the Deployment as observed is unpaused: a template changed since (and paused by
+        // the revision gate) must not be let go with it.
+        Effect::Unpause => {
+            let rv = observed
+                .deployment
+                .as_ref()
+                .map(|d| d.resource_version.as_str());
+            write::unpause(client, &ns, target, rv).await
+        }
+        Effect::Annotate(phase) => {
+            write::annotate(client, &ns, target, &strategy.name_any(), *phase).await
+        }
         Effect::Scale(n) => write::scale(client, &ns, target, *n).await,
         Effect::RestoreTemplate => {
             let (Some(dep), Some(template)) = (
@@ -524,7 +558,8 @@ async fn release(
     if let Some(orig) = original_replicas {
         write::scale(client, ns, target, orig).await?;
     }
-    write::set_paused(client, ns, target, false).await?;
+    write::unpause(client, ns, target, None).await?;
+    write::remove_deployment_annotations(client, ns, target).await?;
     st.ctx
         .metrics
         .count_write(CONTROLLER, "Deployment", "released");

@@ -66,9 +66,27 @@ pub struct DeploymentView {
     /// `ProgressDeadlineExceeded`).
     pub stalled: bool,
     pub replica_sets: Vec<ReplicaSetView>,
+    /// The Deployment's `ballast.dev/*` annotations.
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// The field manager that set `spec.paused`, if the API server credits one (a change made
+    /// by admission, such as the revision gate's, is credited to nobody).
+    pub paused_by: Option<String>,
 }
 
 impl DeploymentView {
+    /// The value of one of the Deployment's `ballast.dev/*` annotations.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+
+    /// Whether someone other than this controller (or admission) paused the Deployment, e.g.
+    /// `kubectl rollout pause` or a manifest that says `paused: true`.
+    pub fn paused_by_someone_else(&self) -> Option<&str> {
+        self.paused_by
+            .as_deref()
+            .filter(|m| self.paused && *m != crate::k8s::ROLLOUT_STRATEGY_MANAGER)
+    }
+
     /// Whether the Deployment controller has seen the current spec.
     pub fn observed(&self) -> bool {
         self.observed_generation >= self.generation
@@ -172,8 +190,38 @@ impl DeploymentView {
             ready_replicas: status.ready_replicas.unwrap_or(0),
             available_replicas: status.available_replicas.unwrap_or(0),
             replica_sets: rs,
+            annotations: d
+                .annotations()
+                .iter()
+                .filter(|(k, _)| k.starts_with("ballast.dev/"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            paused_by: paused_by(d),
         }
     }
+}
+
+/// The manager credited with `spec.paused` in `managedFields`: another than this controller
+/// when several share it.
+fn paused_by(d: &Deployment) -> Option<String> {
+    let owners: Vec<String> = d
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.pointer("/f:spec/f:paused"))
+                .is_some()
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    owners
+        .iter()
+        .find(|m| *m != crate::k8s::ROLLOUT_STRATEGY_MANAGER)
+        .or(owners.first())
+        .cloned()
 }
 
 /// How a hook container ended.

@@ -4,9 +4,11 @@
 
 use super::error::Error;
 use super::machine::{Decision, Note, phase_name};
+use super::observe::DeploymentView;
 use crate::api::{HookPoint, RolloutStrategy, RolloutStrategyStatus};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use crate::metrics::{HookLabels, Metrics, PhaseLabels};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Api, Resource,
     runtime::events::{Event, EventType},
@@ -55,12 +57,25 @@ fn point_label(p: HookPoint) -> &'static str {
     p.as_str()
 }
 
-/// Publishes the Events of a decision on the strategy.
+/// Publishes the Events of a decision on the strategy, and on its Deployment too, so that
+/// `kubectl describe deploy` tells the story of its revisions.
 pub async fn publish(
     recorder: &crate::controller::events::Publisher,
     strategy: &RolloutStrategy,
+    deployment: Option<&DeploymentView>,
     notes: &[Note],
 ) {
+    let mut refs = vec![strategy.object_ref(&())];
+    if let Some(d) = deployment {
+        refs.push(ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some("Deployment".into()),
+            name: Some(d.name.clone()),
+            namespace: strategy.metadata.namespace.clone(),
+            uid: Some(d.uid.clone()),
+            ..Default::default()
+        });
+    }
     for n in notes {
         let ev = Event {
             type_: if n.warning {
@@ -73,8 +88,10 @@ pub async fn publish(
             action: "Rollout".into(),
             secondary: None,
         };
-        if let Err(e) = recorder.publish(&ev, &strategy.object_ref(&())).await {
-            tracing::warn!(error = %e, reason = n.reason, "could not publish event");
+        for r in &refs {
+            if let Err(e) = recorder.publish(&ev, r).await {
+                tracing::warn!(error = %e, reason = n.reason, "could not publish event");
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! annotations once acted on.
 
 use super::error::Error;
+use super::machine::{PHASE_ANNOTATION, STRATEGY_ANNOTATION};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -36,6 +37,10 @@ fn deployment_error(e: kube::Error) -> Error {
         kube::Error::Api(s) if s.code == 409 => Error::Conflict,
         // A failed `test` of our resourceVersion guard: the Deployment moved; decide again.
         kube::Error::Api(s) if s.code == 422 && s.message.contains("test") => Error::Conflict,
+        // Our own unpause, refused by the revision hold: not a refusal for good (backoff).
+        kube::Error::Api(s) if s.message.contains("is held by RolloutStrategy") => {
+            Error::Held(s.message)
+        }
         e => match refused(&e) {
             Some((code, message)) => Error::Refused { code, message },
             None => Error::Deployment(e),
@@ -45,13 +50,39 @@ fn deployment_error(e: kube::Error) -> Error {
 
 /// Sets `spec.paused` of Deployment `name`.
 pub async fn set_paused(client: &Client, ns: &str, name: &str, paused: bool) -> Result<(), Error> {
+    apply_paused(client, ns, name, paused, None).await
+}
+
+/// `spec.paused: false`, only if the Deployment is still at `resource_version` (when given):
+/// a template changed in between — paused by the revision gate for its own hooks — is not
+/// unpaused with it (409: the machine decides again on what is there now).
+pub async fn unpause(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    resource_version: Option<&str>,
+) -> Result<(), Error> {
+    apply_paused(client, ns, name, false, resource_version).await
+}
+
+async fn apply_paused(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    paused: bool,
+    resource_version: Option<&str>,
+) -> Result<(), Error> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name},
         "spec": {"paused": paused},
     });
+    if let Some(rv) = resource_version.filter(|rv| !rv.is_empty()) {
+        // In a server-side apply, a resourceVersion is a precondition.
+        body["metadata"]["resourceVersion"] = rv.into();
+    }
     api.patch(
         name,
         &apply::params(ROLLOUT_STRATEGY_MANAGER, true),
@@ -59,6 +90,51 @@ pub async fn set_paused(client: &Client, ns: &str, name: &str, paused: bool) -> 
     )
     .await
     .map_err(deployment_error)?;
+    Ok(())
+}
+
+/// Names the governing strategy and its phase on the Deployment (a merge patch of two
+/// annotations, so `kubectl describe deploy` tells who holds it and why).
+pub async fn annotate(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    strategy: &str,
+    phase: crate::api::RolloutPhase,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        STRATEGY_ANNOTATION: strategy,
+        PHASE_ANNOTATION: super::machine::phase_name(phase),
+    }}});
+    merge_annotations(client, ns, name, &patch).await
+}
+
+/// Removes what [`annotate`] wrote (the strategy is gone).
+pub async fn remove_deployment_annotations(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        STRATEGY_ANNOTATION: null,
+        PHASE_ANNOTATION: null,
+    }}});
+    match merge_annotations(client, ns, name, &patch).await {
+        Err(Error::Deployment(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+        r => r,
+    }
+}
+
+async fn merge_annotations(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), Error> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    api.patch(name, &update_params(), &Patch::Merge(patch))
+        .await
+        .map_err(deployment_error)?;
     Ok(())
 }
 

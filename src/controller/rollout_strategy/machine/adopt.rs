@@ -166,17 +166,22 @@ impl Machine<'_> {
             ));
             return;
         }
-        if !dep.paused {
-            self.effect(Effect::Pause);
-        }
         self.st.stable_revision = Some(dep.revision.clone());
         self.st.stable_template = Some(dep.template_json.clone());
         self.st.current_revision = Some(dep.revision.clone());
         self.set_phase(RolloutPhase::Idle);
-        self.st.message = Some(format!(
-            "adopted Deployment {} at revision {}; it stays paused until a new revision",
-            dep.name, dep.revision
-        ));
+        self.st.message = Some(if self.admission() {
+            format!(
+                "adopted Deployment {} at revision {}; the revision gate pauses its next revision for the hooks",
+                dep.name, dep.revision
+            )
+        } else {
+            format!(
+                "adopted Deployment {} at revision {}; it stays paused until a new revision",
+                dep.name, dep.revision
+            )
+        });
+        self.hold_at_rest(dep);
     }
 
     /// A rollout of ours whose status was lost (cleared, or restored from an old backup) while

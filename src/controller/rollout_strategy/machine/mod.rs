@@ -10,7 +10,7 @@
 
 use super::observe::{DeploymentView, HookPod, JobView};
 use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
-use crate::api::{HookPoint, RolloutPhase, RolloutStrategySpec, RolloutStrategyStatus};
+use crate::api::{Gate, HookPoint, RolloutPhase, RolloutStrategySpec, RolloutStrategyStatus};
 use crate::k8s::conditions::{Status, set_condition};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -46,14 +46,26 @@ pub enum Effect {
     DeleteJob(String),
     /// Remove an annotation of the strategy once acted on.
     RemoveAnnotation(&'static str),
+    /// Say on the Deployment which strategy governs it and the phase it is in
+    /// ([`STRATEGY_ANNOTATION`], [`PHASE_ANNOTATION`]).
+    Annotate(RolloutPhase),
 }
+
+/// On a governed Deployment: the RolloutStrategy that governs it.
+pub const STRATEGY_ANNOTATION: &str = "ballast.dev/rollout-strategy";
+/// On a governed Deployment: the phase of its strategy's current revision.
+pub const PHASE_ANNOTATION: &str = "ballast.dev/rollout-phase";
 
 impl Effect {
     /// Whether this effect writes the Deployment (rather than a Job or the strategy).
     pub fn writes_deployment(&self) -> bool {
         matches!(
             self,
-            Effect::Pause | Effect::Unpause | Effect::Scale(_) | Effect::RestoreTemplate
+            Effect::Pause
+                | Effect::Unpause
+                | Effect::Scale(_)
+                | Effect::RestoreTemplate
+                | Effect::Annotate(_)
         )
     }
 
@@ -67,6 +79,9 @@ impl Effect {
             Effect::CreateJob { hook, .. } => format!("creating the Job of hook {hook}"),
             Effect::DeleteJob(j) => format!("deleting Job {j}"),
             Effect::RemoveAnnotation(a) => format!("removing annotation {a}"),
+            Effect::Annotate(p) => {
+                format!("annotating the Deployment with phase {}", phase_name(*p))
+            }
         }
     }
 }
@@ -140,6 +155,8 @@ pub struct Input<'a> {
     pub live_pods: &'a [HookPod],
     /// A write of the previous decision that the API server refused.
     pub rejected: Option<&'a Rejection>,
+    /// How the Deployment is held while hooks run ([`Gate`]).
+    pub gate: Gate,
 }
 
 /// How a revision's sequence starts.
@@ -253,6 +270,11 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// Whether the revision gate holds new revisions (rather than pausing at rest).
+    fn admission(&self) -> bool {
+        self.i.gate == Gate::Admission
+    }
+
     fn effect(&mut self, e: Effect) {
         self.d.effects.push(e);
     }
@@ -359,47 +381,36 @@ impl<'a> Machine<'a> {
         let phase = self.phase();
         let generation = self.i.generation;
         let now = self.now();
-        let reason = phase_name(phase);
-        let message = self.st.message.clone().unwrap_or_default();
-        let ready = matches!(phase, RolloutPhase::Idle | RolloutPhase::Succeeded)
-            && self.i.governed_by.is_none();
-        let reason = if self.i.governed_by.is_some() {
+        let conflicted = self.i.governed_by.is_some();
+        let reason = if conflicted {
             "Conflicted"
         } else {
-            reason
+            phase_name(phase)
         };
+        let message = self.st.message.clone().unwrap_or_default();
+        let ready = matches!(phase, RolloutPhase::Idle | RolloutPhase::Succeeded) && !conflicted;
         let failed = matches!(phase, RolloutPhase::Failed | RolloutPhase::RolledBack);
+        let reconciling = in_progress(phase) && !conflicted;
+        let stalled = failed || conflicted;
+        self.st.gate = Some(self.i.gate);
+        if !conflicted && let Some(dep) = self.i.deployment {
+            self.record_generation(dep);
+            self.annotate(dep, phase);
+        }
         let c = &mut self.st.conditions;
-        set_condition(
-            c,
-            "Ready",
-            Status::from(ready),
-            reason,
-            &message,
-            generation,
-            now,
-        );
-        set_condition(
-            c,
-            "Progressing",
-            Status::from(in_progress(phase)),
-            reason,
-            &message,
-            generation,
-            now,
-        );
-        set_condition(
-            c,
-            "Failed",
-            Status::from(failed),
-            reason,
-            &message,
-            generation,
-            now,
-        );
+        for (kind, on) in [
+            ("Ready", ready),
+            ("Reconciling", reconciling),
+            ("Stalled", stalled),
+            ("Progressing", reconciling),
+            ("Failed", failed),
+        ] {
+            set_condition(c, kind, Status::from(on), reason, &message, generation, now);
+        }
         let mut d = self.d;
         d.status = self.st;
-        if d.effects.is_empty() && d.status == *self.i.status {
+        let only_annotations = d.effects.iter().all(|e| matches!(e, Effect::Annotate(_)));
+        if only_annotations && d.status == *self.i.status {
             let m = Machine {
                 i: self.i,
                 st: d.status.clone(),
@@ -408,6 +419,29 @@ impl<'a> Machine<'a> {
             d.prune = m.prunable();
         }
         d
+    }
+
+    /// `status.deploymentGeneration` names the Deployment generation this status has taken
+    /// up: once the sequence of its template started (or it is the revision at rest). A
+    /// round that only deleted a stray Job or cleared an annotation leaves it behind, so a
+    /// waiter never reads the previous revision's `Ready` as this one's.
+    fn record_generation(&mut self, dep: &DeploymentView) {
+        let rev = Some(&dep.revision);
+        let taken_up = self.st.current_revision.as_ref() == rev
+            || (!in_progress(self.phase()) && self.st.stable_revision.as_ref() == rev);
+        if taken_up && self.st.target_uid.as_deref() == Some(dep.uid.as_str()) {
+            self.st.deployment_generation = Some(dep.generation);
+        }
+    }
+
+    /// Keeps the Deployment's annotations naming this strategy and its phase.
+    fn annotate(&mut self, dep: &DeploymentView, phase: RolloutPhase) {
+        let name = phase_name(phase);
+        if dep.annotation(STRATEGY_ANNOTATION) != Some(self.i.name)
+            || dep.annotation(PHASE_ANNOTATION) != Some(name)
+        {
+            self.effect(Effect::Annotate(phase));
+        }
     }
 }
 

@@ -160,7 +160,10 @@ impl Machine<'_> {
             }
             _ => {
                 if dep.complete() {
-                    self.effect(Effect::Pause);
+                    // Post hooks run with the Deployment as it is at rest.
+                    if !self.admission() {
+                        self.effect(Effect::Pause);
+                    }
                     self.set_phase(RolloutPhase::PostHook);
                     self.st.message =
                         Some(format!("revision {}: rolled out; post hooks", dep.revision));
@@ -274,7 +277,7 @@ impl Machine<'_> {
     }
 
     pub(super) fn post(&mut self, dep: &DeploymentView) {
-        if !dep.paused {
+        if !dep.paused && !self.admission() {
             self.effect(Effect::Pause);
             return;
         }

@@ -66,21 +66,53 @@ impl Machine<'_> {
                 }
                 return;
             }
-            if !dep.paused {
-                self.effect(Effect::Pause);
-            }
+            self.hold_at_rest(dep);
             return;
         }
         if failed && rev == cur {
+            // Halted (or failed with nothing to roll back to): held on the failed revision.
             if !dep.paused {
                 self.effect(Effect::Pause);
             }
             return;
         }
         if !dep.paused {
+            if self.admission() {
+                self.event(
+                    true,
+                    "RevisionNotGated",
+                    format!(
+                        "revision {} of Deployment {} was not paused by the revision gate (is config/admission installed, and was this strategy created before the change?): paused now; pods of it may have started before its pre hooks",
+                        dep.revision, dep.name
+                    ),
+                );
+            }
             self.effect(Effect::Pause);
         }
         self.start_sequence(dep.revision.clone(), Start::New);
+    }
+
+    /// A Deployment between revisions: kept paused in pause-at-rest mode; unpaused with the
+    /// revision gate (which pauses the next revision itself), unless someone else paused it —
+    /// `kubectl rollout pause`, or a manifest that says `paused: true` —, which ballast leaves
+    /// alone and says so.
+    pub(super) fn hold_at_rest(&mut self, dep: &DeploymentView) {
+        if !self.admission() {
+            if !dep.paused {
+                self.effect(Effect::Pause);
+            }
+            return;
+        }
+        if let Some(who) = dep.paused_by_someone_else() {
+            self.st.message = Some(format!(
+                "revision {} is at rest; Deployment {} is paused by {who}, which ballast leaves alone (`kubectl rollout resume`, or remove `paused: true` from the manifest)",
+                dep.revision, dep.name
+            ));
+            return;
+        }
+        if dep.paused {
+            self.effect(Effect::Unpause);
+        }
     }
 
     /// Finished hook Jobs beyond `hookHistoryLimit` per hook, newest kept.

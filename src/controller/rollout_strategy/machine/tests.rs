@@ -52,6 +52,8 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
         updated_replicas: 4,
         ready_replicas: 4,
         available_replicas: 4,
+        annotations: Default::default(),
+        paused_by: paused.then(|| crate::k8s::ROLLOUT_STRATEGY_MANAGER.to_string()),
         replica_sets: vec![ReplicaSetView {
             name: format!("web-{rev}"),
             revision: rev.into(),
@@ -179,6 +181,7 @@ struct Case<'a> {
     live_pods: Vec<HookPod>,
     rejected: Option<Rejection>,
     now: i64,
+    gate: Gate,
 }
 
 impl<'a> Case<'a> {
@@ -194,7 +197,14 @@ impl<'a> Case<'a> {
             live_pods: vec![],
             rejected: None,
             now: 20,
+            gate: Gate::PauseAtRest,
         }
+    }
+
+    /// With the revision gate (not paused at rest).
+    fn admission(mut self) -> Self {
+        self.gate = Gate::Admission;
+        self
     }
 
     fn jobs(mut self, jobs: Vec<JobView>) -> Self {
@@ -207,7 +217,14 @@ impl<'a> Case<'a> {
         self
     }
 
+    /// The decision, without the annotations of the Deployment (tested on their own).
     fn decide(&self) -> Decision {
+        let mut d = self.decide_all();
+        d.effects.retain(|e| !matches!(e, Effect::Annotate(_)));
+        d
+    }
+
+    fn decide_all(&self) -> Decision {
         decide(&Input {
             name: "web",
             generation: Some(1),
@@ -221,6 +238,7 @@ impl<'a> Case<'a> {
             governed_by: self.governed_by,
             live_pods: &self.live_pods,
             rejected: self.rejected.as_ref(),
+            gate: self.gate,
         })
     }
 }
@@ -1489,5 +1507,230 @@ fn a_hook_renamed_while_it_runs_is_stopped_before_the_new_name_runs() {
             .any(|e| matches!(e, Effect::CreateJob { .. })),
         "never two pods of one hook: {:?}",
         d.effects
+    );
+}
+
+// ---- the revision gate (admission): not paused at rest ----
+
+fn at_rest(rev: &str) -> RolloutStrategyStatus {
+    let mut st = status(RolloutPhase::Succeeded, vec![]);
+    st.stable_revision = Some(rev.into());
+    st.stable_template = Some(json!({"rev": rev}));
+    st.current_revision = Some(rev.into());
+    st
+}
+
+#[test]
+fn with_the_gate_adoption_leaves_the_deployment_unpaused() {
+    let d = Case::new(full(), Default::default(), dep(OLD, false))
+        .admission()
+        .decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+    assert_eq!(phase(&d), RolloutPhase::Idle);
+    assert_eq!(d.status.gate, Some(Gate::Admission));
+    assert_eq!(d.status.stable_revision.as_deref(), Some(OLD));
+}
+
+#[test]
+fn with_the_gate_a_deployment_ballast_paused_at_rest_is_unpaused() {
+    // Upgrading from pause-at-rest: ballast's own pause at rest goes; a revision never does.
+    let d = Case::new(full(), at_rest(NEW), dep(NEW, true))
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Unpause]);
+    assert_eq!(phase(&d), RolloutPhase::Succeeded);
+    // The same on adoption.
+    let d = Case::new(full(), Default::default(), dep(OLD, true))
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Unpause]);
+    // A pending template is a revision: paused, hooked.
+    let mut pending = dep(OLD, true);
+    pending.revision = NEW.into();
+    let d = Case::new(full(), at_rest(OLD), pending)
+        .admission()
+        .decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+    assert_eq!(phase(&d), RolloutPhase::PreHook);
+}
+
+#[test]
+fn with_the_gate_a_pause_by_someone_else_is_left_alone_and_said() {
+    let mut paused = dep(NEW, true);
+    paused.paused_by = Some("kubectl-rollout".into());
+    let d = Case::new(full(), at_rest(NEW), paused).admission().decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("paused by kubectl-rollout")),
+        "{:?}",
+        d.status.message
+    );
+    // In pause-at-rest mode ballast owns `paused` at rest anyway.
+    let d = Case::new(full(), at_rest(NEW), dep(NEW, false)).decide();
+    assert_eq!(d.effects, [Effect::Pause]);
+}
+
+#[test]
+fn with_the_gate_a_new_revision_paused_by_admission_starts_its_pre_hooks() {
+    let d = Case::new(full(), at_rest(OLD), dep(NEW, true))
+        .admission()
+        .decide();
+    assert!(d.effects.is_empty());
+    assert_eq!(phase(&d), RolloutPhase::PreHook);
+    assert_eq!(reasons(&d), ["RolloutStarted"]);
+}
+
+#[test]
+fn with_the_gate_a_revision_it_missed_is_paused_late_and_warned_about() {
+    let d = Case::new(full(), at_rest(OLD), dep(NEW, false))
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Pause]);
+    assert_eq!(phase(&d), RolloutPhase::PreHook);
+    assert_eq!(reasons(&d), ["RevisionNotGated", "RolloutStarted"]);
+    // Without the gate that is just how a revision starts.
+    let d = Case::new(full(), at_rest(OLD), dep(NEW, false)).decide();
+    assert_eq!(reasons(&d), ["RolloutStarted"]);
+}
+
+#[test]
+fn with_the_gate_post_hooks_run_unpaused_and_the_revision_ends_unpaused() {
+    let done = vec![ok("migrate", HookPoint::Pre), ok("smoke", HookPoint::Mid)];
+    let d = Case::new(
+        full(),
+        status(RolloutPhase::Rolling, done.clone()),
+        dep(NEW, false),
+    )
+    .admission()
+    .decide();
+    assert!(d.effects.is_empty(), "no pause: {:?}", d.effects);
+    assert_eq!(phase(&d), RolloutPhase::PostHook);
+    let d = Case::new(full(), d.status.clone(), dep(NEW, false))
+        .admission()
+        .decide();
+    assert!(d.effects.is_empty(), "intent first: {:?}", d.effects);
+    let d = Case::new(full(), d.status.clone(), dep(NEW, false))
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [create("purge", HookPoint::Post, 1)]);
+    let mut all = done;
+    all.push(ok("purge", HookPoint::Post));
+    let d = Case::new(full(), status(RolloutPhase::PostHook, all), dep(NEW, false))
+        .admission()
+        .decide();
+    assert_eq!(phase(&d), RolloutPhase::Succeeded);
+    let rest = Case::new(full(), d.status.clone(), dep(NEW, false))
+        .admission()
+        .decide();
+    assert!(quiet(&rest, &d.status), "{rest:?}");
+}
+
+#[test]
+fn with_the_gate_a_rollback_lets_the_gates_pause_go_and_stays_unpaused() {
+    let mut st = status(RolloutPhase::Failed, vec![]);
+    st.message = Some("pre hook migrate failed".into());
+    // The restored template is paused by the gate; the stable ReplicaSet needs no hooks.
+    let mut back = rolling_dep(1, true);
+    back.revision = OLD.into();
+    let mut rolled = Case::new(full(), st, back.clone()).admission().decide();
+    rolled.status.phase = Some(RolloutPhase::RolledBack);
+    let d = Case::new(full(), rolled.status.clone(), back)
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Unpause]);
+    let d = Case::new(full(), rolled.status.clone(), dep(OLD, false))
+        .admission()
+        .decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+}
+
+#[test]
+fn the_deployment_is_annotated_with_its_strategy_and_phase() {
+    let c = Case::new(full(), at_rest(OLD), dep(NEW, true));
+    let d = c.decide_all();
+    assert_eq!(d.effects, [Effect::Annotate(RolloutPhase::PreHook)]);
+    let mut annotated = dep(NEW, true);
+    annotated.annotations = [
+        (STRATEGY_ANNOTATION.to_string(), "web".to_string()),
+        (PHASE_ANNOTATION.to_string(), "PreHook".to_string()),
+    ]
+    .into();
+    let d = Case::new(full(), d.status.clone(), annotated).decide_all();
+    assert!(
+        !d.effects.contains(&Effect::Annotate(RolloutPhase::PreHook)),
+        "{:?}",
+        d.effects
+    );
+    // A strategy standing aside does not annotate.
+    let mut c = Case::new(full(), Default::default(), dep(OLD, true));
+    c.governed_by = Some("older");
+    assert!(c.decide_all().effects.is_empty());
+}
+
+#[test]
+fn the_deployment_generation_is_recorded_once_its_revision_is_taken_up() {
+    let mut changed = dep(NEW, true);
+    changed.generation = 7;
+    let mut st = at_rest(OLD);
+    st.deployment_generation = Some(6);
+    let d = Case::new(full(), st.clone(), changed.clone()).decide();
+    assert_eq!(phase(&d), RolloutPhase::PreHook);
+    assert_eq!(d.status.deployment_generation, Some(7));
+    let ready = |d: &Decision| {
+        d.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap()
+            .status
+            .clone()
+    };
+    assert_eq!(ready(&d), "False", "never the previous revision's Ready");
+    // A round that only deletes a stray Job has not taken the new revision up.
+    let mut stray = job("migrate", 1, JobState::Active, running_pod(0));
+    stray.revision = NEWER.into();
+    let d = Case::new(full(), st, changed).jobs(vec![stray]).decide();
+    assert!(matches!(d.effects[..], [Effect::DeleteJob(_)]));
+    assert_eq!(d.status.deployment_generation, Some(6));
+}
+
+#[test]
+fn kstatus_conditions_follow_the_phase() {
+    let get = |d: &Decision, t: &str| {
+        d.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap()
+            .status
+            .clone()
+    };
+    let d = Case::new(
+        full(),
+        status(RolloutPhase::MidHook, vec![]),
+        rolling_dep(2, true),
+    )
+    .decide();
+    assert_eq!(
+        (get(&d, "Ready"), get(&d, "Reconciling"), get(&d, "Stalled")),
+        ("False".into(), "True".into(), "False".into())
+    );
+    let d = Case::new(
+        full(),
+        status(RolloutPhase::RolledBack, vec![]),
+        dep(OLD, true),
+    )
+    .decide();
+    assert_eq!(
+        (get(&d, "Ready"), get(&d, "Reconciling"), get(&d, "Stalled")),
+        ("False".into(), "False".into(), "True".into())
+    );
+    let d = Case::new(full(), at_rest(NEW), dep(NEW, true)).decide();
+    assert_eq!(
+        (get(&d, "Ready"), get(&d, "Reconciling"), get(&d, "Stalled")),
+        ("True".into(), "False".into(), "False".into())
     );
 }

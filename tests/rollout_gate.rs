@@ -1,0 +1,501 @@
+//! The revision gate (issue 14) against the real local control plane: the MutatingAdmissionPolicy
+//! of `config/admission` pauses a governed Deployment in the write that creates a new revision,
+//! so `kubectl rollout restart/undo`, `set image`, `apply` and a GitOps server-side apply each run
+//! the hooks before the first pod of the revision, while an ungoverned Deployment is never
+//! touched; the hold refuses a user's resume while hooks run; the Deployment says who governs
+//! it; `--gate=auto` falls back to pause-at-rest when the gate is not installed; and the wait
+//! recipe of docs/rollout-strategy.md never passes on the previous revision's `Ready`.
+//!
+//! These tests choose the mode themselves (`--gate=admission` or `auto`), whatever
+//! `BALLAST_TEST_GATE` says.
+
+mod support;
+
+use ballast::api::{Gate, RolloutPhase};
+use k8s_openapi::api::{apps::v1::ReplicaSet, batch::v1::Job, core::v1::Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use support::rollout::*;
+use support::{Operator, wait_until};
+
+/// A namespace and an operator for it with `--gate=<gate>` (and `extra`).
+async fn env_with(prefix: &str, gate: &str, extra: &[&str]) -> Env {
+    let mut args = vec![format!("--gate={gate}")];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Env::with_args(prefix, &args).await
+}
+
+const STRATEGY: &str = r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {name: web}
+spec:
+  targetRef: {name: web}
+  pre: [{name: migrate, container: {from: app, command: [migrate]}}]
+"#;
+
+async fn rs_names(env: &Env) -> Vec<String> {
+    env.replica_sets()
+        .await
+        .iter()
+        .map(|r| r.name_any())
+        .collect()
+}
+
+/// When the container of the newest pod of hook `hook`'s Jobs for `revision` finished.
+async fn hook_finished(env: &Env, hook: &str, revision: &str) -> jiff::Timestamp {
+    let jobs: Vec<Job> = env.all_jobs().await;
+    let job = jobs_of_revision(&jobs, hook, revision)
+        .into_iter()
+        .max_by_key(|j| j.metadata.creation_timestamp.clone())
+        .unwrap_or_else(|| panic!("a Job of hook {hook} for revision {revision}"))
+        .name_any();
+    let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns.name);
+    pods.list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| {
+            let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+            cs.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()
+                .map(|t| t.0)
+        })
+        .max()
+        .unwrap_or_else(|| panic!("the pod of {job} finished"))
+}
+
+/// Runs one revision started by `change` (a kubectl command) end to end and checks the cluster's
+/// truth: the command works, the Deployment is paused by the gate in that write, the pre hook's
+/// pod finished before the revision's ReplicaSet was created, and at rest it is unpaused again.
+/// Returns the new revision.
+async fn revision_by(env: &Env, what: &str, change: &[&str]) -> String {
+    let stable = env.status("web").await.stable_revision.unwrap();
+    let before = rs_names(env).await;
+    let out = env.c.kubectl(change);
+    assert!(
+        out.status.success(),
+        "{what}: kubectl {} failed: {}",
+        change.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The gate paused it in the same write: no ReplicaSet of the revision exists now.
+    let d = env.deployment("web").await;
+    assert_eq!(
+        d.spec.as_ref().unwrap().paused,
+        Some(true),
+        "{what}: paused by the gate in the write itself"
+    );
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let rev = s.current_revision.clone().unwrap();
+    let rss: Vec<ReplicaSet> = env.replica_sets().await;
+    let new: Vec<&ReplicaSet> = rss
+        .iter()
+        .filter(|r| !before.contains(&r.name_any()))
+        .collect();
+    assert!(
+        new.len() <= 1,
+        "{what}: one new ReplicaSet at most: {:?}",
+        new.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+    );
+    if let Some(rs) = new.first() {
+        let created = ts(&rs.metadata.creation_timestamp);
+        let finished = hook_finished(env, "migrate", &rev).await;
+        // creationTimestamp has one-second resolution.
+        assert!(
+            finished <= created + jiff::SignedDuration::from_secs(1),
+            "{what}: the pre hook finished at {finished}, the ReplicaSet was created at {created}"
+        );
+    }
+    wait_until(
+        &format!("{what}: unpaused at rest"),
+        Duration::from_secs(20),
+        || async { (!env.paused("web").await).then_some(()) },
+    )
+    .await;
+    rev
+}
+
+#[tokio::test]
+async fn kubectl_rollout_restart_undo_set_image_apply_and_gitops_apply_each_run_the_hooks() {
+    let env = env_with("rgate-tools", "admission", &[]).await;
+    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
+    wait_available(&env, "web", 2).await;
+    env.apply(STRATEGY);
+    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    assert_eq!(s.gate, Some(Gate::Admission));
+    assert!(!env.paused("web").await, "not paused at rest");
+    let ns = env.ns.name.clone();
+
+    let r1 = revision_by(
+        &env,
+        "rollout restart",
+        &["rollout", "restart", "deployment/web", "-n", &ns],
+    )
+    .await;
+    let r2 = revision_by(
+        &env,
+        "rollout undo",
+        &["rollout", "undo", "deployment/web", "-n", &ns],
+    )
+    .await;
+    assert_ne!(r1, r2);
+    revision_by(
+        &env,
+        "set image",
+        &["set", "image", "deployment/web", "app=web:2", "-n", &ns],
+    )
+    .await;
+
+    // kubectl apply (client side) of a changed manifest.
+    let path = env.c.dir.join(format!("rgate-{ns}.yaml"));
+    std::fs::write(&path, deployment_yaml("web", "web:3", 2, false, ROLLING)).unwrap();
+    let file = path.to_string_lossy().to_string();
+    revision_by(&env, "kubectl apply", &["apply", "-n", &ns, "-f", &file]).await;
+
+    // A GitOps tool's server-side apply (Argo CD's field manager), with a new image.
+    std::fs::write(
+        &path,
+        deployment_yaml("web", "web:4", 2, false, ROLLING).replace("  paused: false\n", ""),
+    )
+    .unwrap();
+    let gitops = [
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=argocd-controller",
+        "-n",
+        &ns,
+        "-f",
+        &file,
+    ];
+    revision_by(&env, "server-side apply", &gitops).await;
+    // The same manifest again changes nothing: no revision, no pause.
+    let generation = env.deployment("web").await.metadata.generation;
+    env.c.kubectl_ok(&gitops);
+    let d = env.deployment("web").await;
+    assert_eq!(
+        d.metadata.generation, generation,
+        "a no-op apply is a no-op"
+    );
+    assert_ne!(d.spec.as_ref().unwrap().paused, Some(true));
+    let _ = std::fs::remove_file(&path);
+
+    // A scale is not a revision: never paused.
+    env.c
+        .kubectl_ok(&["scale", "deployment/web", "--replicas=3", "-n", &ns]);
+    assert_ne!(env.deployment("web").await.spec.unwrap().paused, Some(true));
+    wait_available(&env, "web", 3).await;
+
+    // The Deployment tells the story: who governs it, in which phase, and the Events.
+    let d = env.deployment("web").await;
+    assert_eq!(
+        d.annotations()
+            .get("ballast.dev/rollout-strategy")
+            .map(String::as_str),
+        Some("web")
+    );
+    assert_eq!(
+        d.annotations()
+            .get("ballast.dev/rollout-phase")
+            .map(String::as_str),
+        Some("Succeeded")
+    );
+    let described = env.c.kubectl_ok(&["describe", "deployment/web", "-n", &ns]);
+    for needle in [
+        "ballast.dev/rollout-strategy: web",
+        "RolloutStarted",
+        "RolloutSucceeded",
+    ] {
+        assert!(
+            described.contains(needle),
+            "kubectl describe deploy shows {needle}:\n{described}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_strategy_applied_with_its_deployment_runs_the_pre_hooks_before_the_first_pod() {
+    let env = env_with("rgate-first", "admission", &[]).await;
+    // One apply, strategy first; the manifest does not say `paused`.
+    env.apply(&format!(
+        "{STRATEGY}\n---\n{}",
+        deployment_yaml("web", "web:1", 2, false, ROLLING).replace("  paused: false\n", "")
+    ));
+    assert_eq!(
+        env.deployment("web").await.spec.unwrap().paused,
+        Some(true),
+        "created paused by the gate"
+    );
+    assert!(env.replica_sets().await.is_empty(), "no ReplicaSet yet");
+    let s = env
+        .wait_phase("web", RolloutPhase::Succeeded, None, 60)
+        .await;
+    let rev = s.current_revision.unwrap();
+    let rss = env.replica_sets().await;
+    assert_eq!(rss.len(), 1);
+    let created = ts(&rss[0].metadata.creation_timestamp);
+    let finished = hook_finished(&env, "migrate", &rev).await;
+    assert!(finished <= created + jiff::SignedDuration::from_secs(1));
+    wait_available(&env, "web", 2).await;
+    wait_until("unpaused at rest", Duration::from_secs(20), || async {
+        (!env.paused("web").await).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_ungoverned_deployment_is_never_paused_even_beside_a_strategy() {
+    let env = env_with("rgate-free", "admission", &[]).await;
+    // A strategy in the namespace, for another Deployment.
+    env.apply(STRATEGY);
+    env.apply(&deployment_yaml("free", "free:1", 1, false, ROLLING));
+    wait_available(&env, "free", 1).await;
+    for image in ["free:2", "free:3"] {
+        env.c.kubectl_ok(&[
+            "set",
+            "image",
+            "deployment/free",
+            &format!("app={image}"),
+            "-n",
+            &env.ns.name,
+        ]);
+        let d = env.deployment("free").await;
+        assert_ne!(d.spec.as_ref().unwrap().paused, Some(true), "{image}");
+        wait_until("the new ReplicaSet", Duration::from_secs(20), || async {
+            rs_of_image(&env.replica_sets().await, image).map(|_| ())
+        })
+        .await;
+    }
+    env.c
+        .kubectl_ok(&["rollout", "restart", "deployment/free", "-n", &env.ns.name]);
+    assert_ne!(
+        env.deployment("free").await.spec.unwrap().paused,
+        Some(true)
+    );
+    assert!(
+        env.deployment("free")
+            .await
+            .annotations()
+            .get("ballast.dev/rollout-strategy")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_users_resume_while_pre_hooks_run_is_refused_and_nothing_starts() {
+    let env = env_with("rgate-hold", "admission", &[]).await;
+    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
+    wait_available(&env, "web", 2).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "8s", false)
+    ));
+    let stable = env
+        .wait_phase("web", RolloutPhase::Idle, None, 30)
+        .await
+        .stable_revision
+        .unwrap();
+    env.set_image("web", "web:2").await;
+    env.wait_status("web", "migrate running", 30, |s| {
+        s.phase == Some(RolloutPhase::PreHook) && running(s, "migrate")
+    })
+    .await;
+    let out = env
+        .c
+        .kubectl(&["rollout", "resume", "deployment/web", "-n", &env.ns.name]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the resume is refused");
+    assert!(
+        err.contains("held by RolloutStrategy web") && err.contains("PreHook"),
+        "the refusal says why: {err}"
+    );
+    // A merge patch that says `paused: false` is refused the same way.
+    let refused = env
+        .deployments()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(env.paused("web").await);
+    assert!(rs_of_image(&env.replica_sets().await, "web:2").is_none());
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    let finished = hook_finished(&env, "migrate", &s.current_revision.unwrap()).await;
+    let rss = env.replica_sets().await;
+    let created = ts(&rs_of_image(&rss, "web:2")
+        .unwrap()
+        .metadata
+        .creation_timestamp);
+    assert!(finished <= created + jiff::SignedDuration::from_secs(1));
+}
+
+#[tokio::test]
+async fn the_wait_recipe_waits_for_this_revision_not_the_previous_ready() {
+    let env = env_with("rgate-wait", "admission", &[]).await;
+    env.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
+    wait_available(&env, "web", 1).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "6s", false)
+    ));
+    env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    let ns = env.ns.name.clone();
+    // Ready is True now, for the revision at rest.
+    env.c.kubectl_ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "rolloutstrategy/web",
+        "-n",
+        &ns,
+        "--timeout=10s",
+    ]);
+    let changed = Instant::now();
+    env.set_image("web", "web:2").await;
+    let gen_at_change = env.deployment("web").await.metadata.generation.unwrap();
+    // The recipe of docs/rollout-strategy.md, run right after the change, as a CI step would.
+    let recipe = format!(
+        r#"set -eu
+gen=$(kubectl get deployment/web -n {ns} -o jsonpath='{{.metadata.generation}}')
+kubectl wait rolloutstrategy/web -n {ns} --for=jsonpath='{{.status.deploymentGeneration}}'="$gen" --timeout=60s
+kubectl wait rolloutstrategy/web -n {ns} --for=condition=Ready --timeout=120s
+"#
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &recipe])
+        .env("KUBECONFIG", &env.c.kubeconfig)
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                env.c.kubectl.parent().unwrap().display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .unwrap();
+    let waited = changed.elapsed();
+    assert!(
+        out.status.success(),
+        "the recipe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = env.status("web").await;
+    assert_eq!(
+        s.phase,
+        Some(RolloutPhase::Succeeded),
+        "the recipe returned on this revision's end: {s:?}"
+    );
+    assert_ne!(s.stable_revision, None);
+    let d = env.deployment("web").await;
+    assert!(s.deployment_generation >= Some(gen_at_change), "{s:?}");
+    assert_eq!(image_of(&d), "web:2");
+    assert!(
+        waited >= Duration::from_secs(5),
+        "the recipe waited for the 6 s pre hook, not the previous Ready: {waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn upgrading_from_pause_at_rest_unpauses_at_rest_and_hooks_the_next_revision() {
+    let mut env = env_with("rgate-upgrade", "pause-at-rest", &[]).await;
+    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
+    wait_available(&env, "web", 2).await;
+    env.apply(STRATEGY);
+    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    assert_eq!(s.gate, Some(Gate::PauseAtRest));
+    wait_until("paused at rest", Duration::from_secs(20), || async {
+        env.paused("web").await.then_some(())
+    })
+    .await;
+    env.op.kill();
+    env.op = Operator::start_with(
+        &env.c,
+        &env.ns.name,
+        &format!("ballast-{}-2", env.ns.name),
+        &["--gate=admission"],
+    );
+    env.wait_status("web", "the gate in status", 30, |s| {
+        s.gate == Some(Gate::Admission)
+    })
+    .await;
+    wait_until("unpaused at rest", Duration::from_secs(20), || async {
+        (!env.paused("web").await).then_some(())
+    })
+    .await;
+    revision_by(
+        &env,
+        "set image after the upgrade",
+        &[
+            "set",
+            "image",
+            "deployment/web",
+            "app=web:2",
+            "-n",
+            &env.ns.name,
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn auto_falls_back_to_pause_at_rest_when_the_gate_is_not_installed_and_says_so() {
+    // The shared cluster has the gate; a policy name that does not exist stands for a cluster
+    // without it (e.g. a manager started without config/).
+    let env = env_with(
+        "rgate-auto",
+        "auto",
+        &["--gate-policy-name=ballast-no-such-gate"],
+    )
+    .await;
+    env.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
+    wait_available(&env, "web", 1).await;
+    env.apply(STRATEGY);
+    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    assert_eq!(s.gate, Some(Gate::PauseAtRest));
+    wait_until("paused at rest", Duration::from_secs(20), || async {
+        env.paused("web").await.then_some(())
+    })
+    .await;
+    let logs = env.op.logs();
+    assert!(
+        // (The manager's RBAC reads only the shipped name: here the read is refused, which
+        // counts as not installed.)
+        logs.contains("falling back to pause-at-rest") && logs.contains("ballast-no-such-gate"),
+        "a log line says why:\n{}",
+        tail(&logs, 20)
+    );
+    let (_, metrics) = env.op.http_get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains(r#"ballast_gate{mode="pause-at-rest"} 1"#)
+            && metrics.contains(r#"ballast_gate{mode="admission"} 0"#),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("ballast_gate"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // And with the real name, auto finds the gate installed.
+    let env2 = env_with("rgate-auto2", "auto", &[]).await;
+    env2.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
+    wait_available(&env2, "web", 1).await;
+    env2.apply(STRATEGY);
+    let s = env2.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    assert_eq!(s.gate, Some(Gate::Admission));
+    let (_, metrics) = env2.op.http_get("/metrics").await.unwrap();
+    assert!(metrics.contains(r#"ballast_gate{mode="admission"} 1"#));
+}
