@@ -5,6 +5,9 @@ SHELL := /usr/bin/env bash
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 KUBECTL     ?= $(CLUSTER_DIR)/bin/kubectl --kubeconfig $(CLUSTER_DIR)/kubeconfig
 CARGO       ?= cargo
+# The revision gate's objects (config/admission): removed before the CRDs they take params from.
+ADMISSION_KINDS  := mutatingadmissionpolicybindings,mutatingadmissionpolicies,validatingadmissionpolicybindings,validatingadmissionpolicies
+ADMISSION_LABELS := app.kubernetes.io/part-of=ballast,app.kubernetes.io/component=admission
 
 .PHONY: help
 help: ## Show this help
@@ -62,6 +65,7 @@ deploy: ## Install CRDs, RBAC and the manager (kubectl apply -k config/default)
 	kubectl apply --server-side -k config/default
 
 .PHONY: undeploy
-undeploy: ## Remove what deploy installed: the CRs first (the running manager releases their workloads), then the rest
+undeploy: ## Remove what deploy installed: the CRs first (the running manager releases their workloads), the admission gate, then the rest
 	kubectl delete rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev --all --all-namespaces --ignore-not-found --wait --timeout=180s
+	kubectl delete $(ADMISSION_KINDS) -l $(ADMISSION_LABELS) --ignore-not-found
 	kubectl delete -k config/default --ignore-not-found

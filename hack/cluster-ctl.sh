@@ -61,9 +61,13 @@ start() {
   if [[ -f "$PID" ]] && kill -0 "$(cat "$PID")" 2>/dev/null; then
     die "$name is already running (pid $(cat "$PID"))"
   fi
-  local cmd
+  local cmd extra=()
   mapfile -d '' cmd <"$ARGS"
-  log "starting $name"
+  # BALLAST_EXTRA_ARGS: flags added for this start only (e.g. an API server with an API
+  # turned off); the next start without it runs the recorded command again.
+  [[ -n "${BALLAST_EXTRA_ARGS:-}" ]] && read -r -a extra <<<"$BALLAST_EXTRA_ARGS"
+  cmd+=("${extra[@]}")
+  log "starting $name ${extra[*]}"
   # As cluster-up.sh: its own process group, without the lock.
   setsid "${cmd[@]}" >>"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PID"

@@ -43,13 +43,29 @@ fn check(failures: &mut Vec<String>, ok: bool, what: impl Into<String>) {
     }
 }
 
-/// A promise of "nothing lost" that pause-at-rest cannot keep against a user's own write to
-/// the Deployment (`kubectl rollout resume`, `kubectl scale`): the Deployment controller acts
-/// on it before ballast sees it. Measured and written into the row, not failed; the admission
-/// gate of issue 14 turns each into a `check`.
+/// A promise of "nothing lost" that ballast cannot keep against a user's own write to the
+/// Deployment (`kubectl scale` while a Recreate mid hook holds it at 0; in pause-at-rest mode
+/// also `kubectl rollout resume`): the Deployment controller acts on it before ballast sees
+/// it. Measured and written into the row, not failed.
 fn gap(gaps: &mut Vec<String>, ok: bool, what: impl Into<String>) {
     if !ok {
         gaps.push(what.into());
+    }
+}
+
+/// A promise the revision hold keeps (a user's resume is refused while hooks run): a `check`
+/// with the admission gate, a `gap` in pause-at-rest mode.
+fn held(
+    env: &Env,
+    failures: &mut Vec<String>,
+    gaps: &mut Vec<String>,
+    ok: bool,
+    what: impl Into<String>,
+) {
+    if env.admission() {
+        check(failures, ok, what);
+    } else {
+        gap(gaps, ok, what);
     }
 }
 
@@ -583,9 +599,26 @@ async fn start_revision(
     .unwrap()
 }
 
-fn resume(env: &Env) {
-    env.c
-        .kubectl_ok(&["rollout", "resume", "deployment/web", "-n", &env.ns.name]);
+/// `kubectl rollout resume`. With the admission gate the revision hold refuses it while pre or
+/// mid hooks run: that refusal, with its reason, is checked; in pause-at-rest mode it passes.
+fn resume(env: &Env, failures: &mut Vec<String>, phase: &str) {
+    let out = env
+        .c
+        .kubectl(&["rollout", "resume", "deployment/web", "-n", &env.ns.name]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if env.admission() {
+        check(
+            failures,
+            !out.status.success() && err.contains("held by RolloutStrategy web"),
+            format!("{phase}: the resume refused by the revision hold, saying why ({err})"),
+        );
+    } else {
+        check(
+            failures,
+            out.status.success(),
+            format!("{phase}: kubectl rollout resume works ({err})"),
+        );
+    }
 }
 
 async fn wait_paused_again(env: &Env) -> bool {
@@ -601,11 +634,12 @@ async fn wait_paused_again(env: &Env) -> bool {
 
 /// F10: what users do with `kubectl` to a governed Deployment and its strategy mid-rollout.
 ///
-/// - `kubectl rollout resume` is not a way around a hook: ballast pauses the Deployment again
-///   and an approval gate stays closed until it is approved. Before ballast sees the resume,
-///   the Deployment controller may take one rollout step (a new ReplicaSet, up to maxSurge +
-///   maxUnavailable pods); that step is bounded here and measured as a `gap` until the
-///   admission gate (issue 14) refuses it.
+/// - `kubectl rollout resume` is not a way around a hook. With the admission gate the revision
+///   hold refuses it (checked, with its message): no pod of the new revision before the pre hook
+///   passes, no step past an approval gate. In pause-at-rest mode ballast pauses the Deployment
+///   again and an approval gate stays closed until it is approved, but before ballast sees the
+///   resume the Deployment controller may take one rollout step (a new ReplicaSet, up to
+///   maxSurge + maxUnavailable pods): that step is bounded, and measured as a `gap`.
 /// - `kubectl scale` during a mid hook is the user's: the hook runs once, the rollout completes
 ///   at the new count, and the post hooks run after that. With Recreate (ballast holds the
 ///   Deployment at 0 while its mid hooks run), old pods the scale brings back are gone again at
@@ -634,7 +668,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     // `kubectl rollout resume` while the pre hook runs.
     let sampler = Sampler::start(&env);
     let rev2 = start_revision(&env, "web:2", RolloutPhase::PreHook, "migrate", 40).await;
-    resume(&env);
+    resume(&env, &mut failures, "PreHook");
     check(
         &mut failures,
         wait_paused_again(&env).await,
@@ -650,7 +684,9 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
     let migrate_done = job_completed(&jobs, "migrate", &rev2);
     let rss = env.replica_sets().await;
     let rs2 = rs_of_image(&rss, "web:2").map(|r| ts(&r.metadata.creation_timestamp));
-    gap(
+    held(
+        &env,
+        &mut failures,
         &mut gaps,
         matches!((rs2, migrate_done), (Some(rs), Some(done)) if rs >= done),
         format!(
@@ -675,7 +711,9 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
         .filter(|(i, _)| i == "web:2")
         .map(|(_, n)| *n)
         .max();
-    gap(
+    held(
+        &env,
+        &mut failures,
         &mut gaps,
         early == 0,
         format!(
@@ -717,7 +755,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
         ),
     );
     let resumed = Instant::now();
-    resume(&env);
+    resume(&env, &mut failures, "WaitingApproval");
     check(
         &mut failures,
         wait_paused_again(&env).await,
@@ -738,7 +776,9 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
             s.phase, s.hooks
         ),
     );
-    gap(
+    held(
+        &env,
+        &mut failures,
         &mut gaps,
         updated_after <= updated_at_gate,
         format!(
@@ -766,7 +806,9 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
         .map(|(_, n)| *n)
         .max()
         .unwrap_or(0);
-    gap(
+    held(
+        &env,
+        &mut failures,
         &mut gaps,
         past_gate <= at_gate,
         format!(
@@ -1045,7 +1087,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
         ),
     );
     let checked = format!(
-        "resume: paused again within 10 s, the Deployment controller held to one rollout step, the pre hook's Job succeeded once, an approval gate stays closed; scale: one Job per hook, the mid hook started at its point, the post hook after all 6 pods were available, the user's count kept; Recreate scale: old pods gone within 10 s, the user's count at the end, not the one set aside; rename: the old name's Job cancelled and never succeeded, the new name runs once (attempt 1), never two pods of it at once, no ReplicaSet before it passed; released unpaused with the last template and count. {}",
+        "resume: refused by the revision hold (pause-at-rest: paused again within 10 s), no pod of the new revision before the pre hook passed and no step past the approval gate (pause-at-rest: one step at most), the pre hook's Job succeeded once, an approval gate stays closed; scale: one Job per hook, the mid hook started at its point, the post hook after all 6 pods were available, the user's count kept; Recreate scale: old pods gone within 10 s, the user's count at the end, not the one set aside; rename: the old name's Job cancelled and never succeeded, the new name runs once (attempt 1), never two pods of it at once, no ReplicaSet before it passed; released unpaused with the last template and count. {}",
         if gaps.is_empty() {
             "Not seen this run: any step of the Deployment controller between a user's write and ballast's answer.".to_string()
         } else {

@@ -93,7 +93,13 @@ const F5: Scenario = Scenario {
 const F6: Scenario = Scenario {
     id: "F6",
     fault: "the documented uninstall (CRs, then the rest) during PreHook, and of an Idle strategy",
-    checked: "CRs deleted within the timeout with the operator running; both Deployments unpaused with the user's last template and replica count; no pod of the new template before the uninstall; hook Jobs and pods garbage-collected; CRDs gone",
+    checked: "CRs deleted within the timeout with the operator running; the revision gate removed before the CRDs; both Deployments unpaused with the user's last template and replica count; no pod of the new template before the uninstall; hook Jobs and pods garbage-collected; CRDs gone; Deployments writable and not paused afterwards",
+};
+
+const F16: Scenario = Scenario {
+    id: "F16",
+    fault: "an API server that does not serve MutatingAdmissionPolicy (runtime-config off), manager with --gate=auto",
+    checked: "the manager falls back to pause-at-rest and says so (log line with the reason, ballast_gate metric, status.gate); the Deployment is kept paused at rest; a new template runs its pre hook before its first pod",
 };
 
 /// Records the scenario's row (a panic inside it is a failure too) and returns its failures.
@@ -160,8 +166,12 @@ async fn outages_and_uninstall_on_a_cluster_of_their_own() {
         &F6,
         tokio::spawn(f6_uninstall_during_pre_hook(c.clone())).await,
     );
+    let f16 = outcome(&F16, tokio::spawn(f16_no_admission_api(c.clone())).await);
     eprintln!("faults_cluster took {:?}", started.elapsed());
-    assert!(f5.is_empty() && f6.is_empty(), "F5: {f5:#?}\nF6: {f6:#?}");
+    assert!(
+        f5.is_empty() && f6.is_empty() && f16.is_empty(),
+        "F5: {f5:#?}\nF6: {f6:#?}\nF16: {f16:#?}"
+    );
 }
 
 /// Runs a hack/cluster-ctl.sh action off the async workers.
@@ -495,8 +505,8 @@ async fn f6_uninstall_during_pre_hook(c: Cluster) -> Vec<String> {
     let mut failures = vec![];
     check(
         &mut failures,
-        env.paused("web").await && env.paused("api").await,
-        "both Deployments paused before the uninstall",
+        env.paused("web").await && env.paused("api").await != env.admission(),
+        "web paused by its pre hook before the uninstall (api at rest: paused only without the revision gate)",
     );
     check(
         &mut failures,
@@ -544,12 +554,27 @@ async fn f6_uninstall_during_pre_hook(c: Cluster) -> Vec<String> {
         format!("no CR left: {left}"),
     );
 
-    // Step 2: the manager stops, then the rest goes.
+    // Step 2: the manager stops, the revision gate goes, then the rest.
     let status = env.op.terminate();
     check(
         &mut failures,
         status.is_some_and(|s| s.success()),
         format!("the operator exited cleanly: {status:?}"),
+    );
+    let out = env.c.kubectl(&[
+        "delete",
+        "mutatingadmissionpolicybindings,mutatingadmissionpolicies,validatingadmissionpolicybindings,validatingadmissionpolicies",
+        "-l",
+        "app.kubernetes.io/part-of=ballast,app.kubernetes.io/component=admission",
+        "--ignore-not-found",
+    ]);
+    check(
+        &mut failures,
+        out.status.success(),
+        format!(
+            "the revision gate deleted: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
     );
     let kubectl = env.c.clone();
     let out = tokio::task::spawn_blocking(move || {
@@ -612,6 +637,24 @@ async fn f6_uninstall_during_pre_hook(c: Cluster) -> Vec<String> {
         rolled.is_ok(),
         "web:2 rolled out once released",
     );
+    // Uninstalled in that order, the cluster's Deployments are writable and never paused.
+    let out = env.c.kubectl(&[
+        "set",
+        "image",
+        "deployment/api",
+        "app=api:2",
+        "-n",
+        &env.ns.name,
+    ]);
+    let d = env.deployment("api").await;
+    check(
+        &mut failures,
+        out.status.success() && d.spec.as_ref().unwrap().paused != Some(true),
+        format!(
+            "after the uninstall a template change is accepted and not paused: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    );
 
     let jobs: Api<Job> = env.jobs();
     let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns.name);
@@ -649,5 +692,111 @@ async fn f6_uninstall_during_pre_hook(c: Cluster) -> Vec<String> {
             "hook Jobs and pods garbage-collected within 60 s; left: {j:?}"
         ));
     }
+    failures
+}
+
+/// F16. A cluster whose API server does not serve MutatingAdmissionPolicy (older clusters, or
+/// the API turned off): `--gate=auto` must not believe in a gate that cannot exist. Runs after
+/// F6 uninstalled everything: the API server restarts with the API off, `config/local` is
+/// applied (its admission objects are refused: their kinds do not exist), the manager starts
+/// with `--gate=auto`, and the whole pause-at-rest model is checked on the cluster's truth.
+async fn f16_no_admission_api(c: Cluster) -> Vec<String> {
+    let mut failures = vec![];
+    let off = "--runtime-config=admissionregistration.k8s.io/v1/mutatingadmissionpolicies=false";
+    {
+        let c = c.clone();
+        tokio::task::spawn_blocking(move || c.ctl_with("restart", "kube-apiserver", off))
+            .await
+            .unwrap();
+    }
+    let kinds = c.kubectl(&["api-resources", "--api-group=admissionregistration.k8s.io"]);
+    let kinds = String::from_utf8_lossy(&kinds.stdout).to_string();
+    check(
+        &mut failures,
+        !kinds.contains("mutatingadmissionpolicies"),
+        format!("the API is off: {kinds}"),
+    );
+    // Everything but the gate, which this API server cannot take.
+    c.kubectl(&["apply", "--server-side", "-k", "config/crd"]);
+    c.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/rolloutstrategies.ballast.dev",
+    ]);
+    let _ = c.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-k",
+        "config/local",
+    ]);
+    c.forget_operator_kubeconfig();
+
+    let ns = support::TestNamespace::new(&c, "f16-no-gate").await;
+    let op = Operator::start_with(
+        &c,
+        &ns.name,
+        &format!("ballast-{}", ns.name),
+        &["--gate=auto"],
+    );
+    let env = Env {
+        op,
+        c: c.clone(),
+        ns,
+    };
+    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
+    wait_available(&env, "web", 2).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n",
+        job_hook("m:1", "3s", false)
+    ));
+    let s = env.wait_phase("web", RolloutPhase::Idle, None, 60).await;
+    check(
+        &mut failures,
+        s.gate == Some(ballast::api::Gate::PauseAtRest),
+        format!("status.gate PauseAtRest: {:?}", s.gate),
+    );
+    let logs = env.op.logs();
+    check(
+        &mut failures,
+        logs.contains("falling back to pause-at-rest") && logs.contains("does not serve"),
+        format!("a log line says why:\n{}", tail(&logs, 15)),
+    );
+    let metrics = env
+        .op
+        .http_get("/metrics")
+        .await
+        .map(|m| m.1)
+        .unwrap_or_default();
+    check(
+        &mut failures,
+        metrics.contains(r#"ballast_gate{mode="pause-at-rest"} 1"#),
+        "ballast_gate{mode=\"pause-at-rest\"} 1",
+    );
+    let paused = tokio::time::timeout(
+        Duration::from_secs(20),
+        wait_until("paused at rest", Duration::from_secs(20), || async {
+            env.paused("web").await.then_some(())
+        }),
+    )
+    .await;
+    check(&mut failures, paused.is_ok(), "kept paused at rest");
+    let stable = s.stable_revision.clone().unwrap_or_default();
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let jobs = env.all_jobs().await;
+    let done = job_completed(
+        &jobs,
+        "migrate",
+        s.current_revision.as_deref().unwrap_or_default(),
+    );
+    let rss = env.replica_sets().await;
+    let created = rs_of_image(&rss, "web:2").map(|r| ts(&r.metadata.creation_timestamp));
+    check(
+        &mut failures,
+        matches!((done, created), (Some(d), Some(r)) if r >= d - jiff::SignedDuration::from_secs(1)),
+        format!("the pre hook ({done:?}) before the new ReplicaSet ({created:?})"),
+    );
     failures
 }

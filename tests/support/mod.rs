@@ -135,6 +135,32 @@ impl Cluster {
         );
     }
 
+    /// [`Cluster::ctl`] with `extra` flags for this start only (`BALLAST_EXTRA_ARGS`).
+    #[track_caller]
+    pub fn ctl_with(&self, action: &str, component: &str, extra: &str) {
+        let out = Command::new(repo_root().join("hack/cluster-ctl.sh"))
+            .env("BALLAST_CLUSTER_DIR", &self.dir)
+            .env("BALLAST_EXTRA_ARGS", extra)
+            .args([action, component])
+            .stdin(Stdio::null())
+            .output()
+            .expect("running hack/cluster-ctl.sh");
+        assert!(
+            out.status.success(),
+            "hack/cluster-ctl.sh {action} {component} ({extra}) failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Forgets the operator kubeconfig of this process (its ServiceAccount was deleted, e.g. by
+    /// an uninstall), so the next [`Cluster::operator_kubeconfig`] makes a new one.
+    pub fn forget_operator_kubeconfig(&self) {
+        let _ = std::fs::remove_file(
+            self.dir
+                .join(format!("operator-{}.kubeconfig", std::process::id())),
+        );
+    }
+
     /// Stops the cluster and removes its state (hack/cluster-down.sh).
     pub fn stop(&self) {
         let out = Command::new(repo_root().join("hack/cluster-down.sh"))
