@@ -1092,7 +1092,7 @@ async fn f10_a_resume_a_scale_and_a_rename_lose_nothing() {
             "Not seen this run: any step of the Deployment controller between a user's write and ballast's answer.".to_string()
         } else {
             format!(
-                "Seen this run, and closed only by the admission gate (issue 14), since ballast answers a user's write only after the Deployment controller acted on it: {}",
+                "Seen this run, and beyond what ballast can prevent, since it answers a user's write only after the Deployment controller acted on it: {}",
                 gaps.join("; ")
             )
         }

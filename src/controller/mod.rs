@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod events;
+pub mod reconcile;
 pub mod rollout_strategy;
 pub mod spread_policy;
 

@@ -33,3 +33,13 @@ impl Error {
         }
     }
 }
+
+impl crate::controller::reconcile::ReconcileError for Error {
+    fn reason(&self) -> &'static str {
+        Error::reason(self)
+    }
+
+    fn is_stale(&self) -> bool {
+        matches!(self, Error::Stale)
+    }
+}

@@ -21,7 +21,10 @@ pub mod tracker;
 pub mod workload;
 pub mod write;
 
-use super::{Context, ShutdownSignal, backoff::Backoff};
+use super::{
+    Context, ShutdownSignal,
+    reconcile::{Outcomes, key},
+};
 use crate::api::spread_policy::{
     DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec, WorkloadKind,
 };
@@ -73,11 +76,7 @@ pub struct State {
     /// Our template writes and the rollouts under way (see [`tracker`]);
     /// shared with the workload watches' mappers.
     tracker: Arc<Mutex<Tracker>>,
-    backoff: Backoff,
-}
-
-fn key(p: &Lenient<SpreadPolicy>) -> String {
-    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+    outcomes: Outcomes,
 }
 
 /// Drops what no decision reads, so the caches stay small: managedFields,
@@ -233,13 +232,13 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let state = Arc::new(State {
         recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
+        outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),
         ctx,
         policies: policies.clone(),
         deployments,
         stateful_sets,
         nodes,
         tracker: tracker.clone(),
-        backoff: Backoff::default(),
     });
     let (p1, p2, p3, p4) = (
         policies.clone(),
@@ -277,38 +276,27 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
 }
 
 async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Action, Error> {
-    let start = std::time::Instant::now();
-    let ready = async {
-        let _ = st.policies.wait_until_ready().await;
-        let _ = st.deployments.wait_until_ready().await;
-        let _ = st.stateful_sets.wait_until_ready().await;
-        let _ = st.nodes.wait_until_ready().await;
-    };
-    if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
-        return Err(Error::CacheNotReady);
-    }
-    let result = match obj.as_ref() {
-        Lenient::Ok(policy) => sync(&obj, policy, true, &st).await,
-        Lenient::Invalid(inv) => sync_invalid(&obj, inv, &st).await,
-    };
-    st.ctx
-        .metrics
-        .count_reconcile(CONTROLLER, start.elapsed().as_secs_f64());
-    if result.is_ok() {
-        st.backoff.succeeded(&key(&obj));
-    }
-    result
+    st.outcomes
+        .run(&key(obj.as_ref()), async {
+            let ready = async {
+                let _ = st.policies.wait_until_ready().await;
+                let _ = st.deployments.wait_until_ready().await;
+                let _ = st.stateful_sets.wait_until_ready().await;
+                let _ = st.nodes.wait_until_ready().await;
+            };
+            if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
+                return Err(Error::CacheNotReady);
+            }
+            match obj.as_ref() {
+                Lenient::Ok(policy) => sync(&obj, policy, true, &st).await,
+                Lenient::Invalid(inv) => sync_invalid(&obj, inv, &st).await,
+            }
+        })
+        .await
 }
 
 fn error_policy(obj: Arc<Lenient<SpreadPolicy>>, err: &Error, st: Arc<State>) -> Action {
-    st.ctx.metrics.count_error(CONTROLLER, err.reason());
-    if matches!(err, Error::Stale) {
-        tracing::debug!(policy = %obj.name_any(), "stale copy; retrying");
-        return Action::requeue(Duration::from_millis(500));
-    }
-    let delay = st.backoff.failed(&key(&obj));
-    tracing::warn!(policy = %obj.name_any(), namespace = ?obj.namespace(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    st.outcomes.on_error(&key(obj.as_ref()), err)
 }
 
 async fn set_finalizers(
