@@ -294,9 +294,12 @@ async fn f9_a_deployment_created_again_under_the_same_name_is_adopted_afresh() {
     env.apply(&deployment_yaml("web", "web:5", 2, false, ROLLING));
     let new_uid = env.deployment("web").await.uid();
     let s = env
+        // With the revision gate the new object is created paused (its strategy exists) and
+        // gets its pre hooks before its first pod: Succeeded. In pause-at-rest mode it rolls out
+        // at once and is adopted: Idle.
         .wait_status("web", "adopted afresh", 60, |s| {
             s.target_uid == new_uid
-                && s.phase == Some(RolloutPhase::Idle)
+                && matches!(s.phase, Some(RolloutPhase::Idle | RolloutPhase::Succeeded))
                 && s.stable_revision.is_some()
         })
         .await;

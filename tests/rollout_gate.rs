@@ -12,10 +12,10 @@
 mod support;
 
 use ballast::api::{Gate, RolloutPhase};
-use k8s_openapi::api::{apps::v1::ReplicaSet, batch::v1::Job, core::v1::Pod};
+use k8s_openapi::api::{apps::v1::ReplicaSet, batch::v1::Job};
 use kube::{
-    Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    ResourceExt,
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -55,24 +55,23 @@ async fn hook_finished(env: &Env, hook: &str, revision: &str) -> jiff::Timestamp
         .max_by_key(|j| j.metadata.creation_timestamp.clone())
         .unwrap_or_else(|| panic!("a Job of hook {hook} for revision {revision}"))
         .name_any();
-    let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns.name);
-    pods.list(&ListParams::default().labels(&format!("job-name={job}")))
+    pod_finished(env, &job)
         .await
-        .unwrap()
-        .items
-        .iter()
-        .filter_map(|p| {
-            let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
-            cs.state
-                .as_ref()?
-                .terminated
-                .as_ref()?
-                .finished_at
-                .as_ref()
-                .map(|t| t.0)
-        })
-        .max()
         .unwrap_or_else(|| panic!("the pod of {job} finished"))
+}
+
+/// Adopts `web` (web:1 x `replicas`) under [`STRATEGY`] with a manager in pause-at-rest mode,
+/// and waits until it says so and holds the Deployment paused at rest.
+async fn adopted_paused_at_rest(env: &Env, replicas: i32) {
+    env.apply(&deployment_yaml("web", "web:1", replicas, false, ROLLING));
+    wait_available(env, "web", replicas).await;
+    env.apply(STRATEGY);
+    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    assert_eq!(s.gate, Some(Gate::PauseAtRest));
+    wait_until("paused at rest", Duration::from_secs(20), || async {
+        env.paused("web").await.then_some(())
+    })
+    .await;
 }
 
 /// Runs one revision started by `change` (a kubectl command) end to end and checks the cluster's
@@ -411,15 +410,7 @@ kubectl wait rolloutstrategy/web -n {ns} --for=condition=Ready --timeout=120s
 #[tokio::test]
 async fn upgrading_from_pause_at_rest_unpauses_at_rest_and_hooks_the_next_revision() {
     let mut env = env_with("rgate-upgrade", "pause-at-rest", &[]).await;
-    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
-    wait_available(&env, "web", 2).await;
-    env.apply(STRATEGY);
-    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
-    assert_eq!(s.gate, Some(Gate::PauseAtRest));
-    wait_until("paused at rest", Duration::from_secs(20), || async {
-        env.paused("web").await.then_some(())
-    })
-    .await;
+    adopted_paused_at_rest(&env, 2).await;
     env.op.kill();
     env.op = Operator::start_with(
         &env.c,
@@ -460,15 +451,7 @@ async fn auto_falls_back_to_pause_at_rest_when_the_gate_is_not_installed_and_say
         &["--gate-policy-name=ballast-no-such-gate"],
     )
     .await;
-    env.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
-    wait_available(&env, "web", 1).await;
-    env.apply(STRATEGY);
-    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
-    assert_eq!(s.gate, Some(Gate::PauseAtRest));
-    wait_until("paused at rest", Duration::from_secs(20), || async {
-        env.paused("web").await.then_some(())
-    })
-    .await;
+    adopted_paused_at_rest(&env, 1).await;
     let logs = env.op.logs();
     assert!(
         // (The manager's RBAC reads only the shipped name: here the read is refused, which

@@ -186,25 +186,8 @@ spec:
     // The migration's container had finished before the first pod of the
     // new revision could exist. (The pod's own finish time, not the Job's
     // completionTime, which the Job controller may stamp late under load.)
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client(), &env.ns.name);
-    let migrate_pods = pods
-        .list(&ListParams::default().labels(&format!("job-name={}", migrate.name_any())))
+    let finished = pod_finished(&env, &migrate.name_any())
         .await
-        .unwrap();
-    let finished = migrate_pods
-        .items
-        .iter()
-        .filter_map(|p| {
-            let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
-            cs.state
-                .as_ref()?
-                .terminated
-                .as_ref()?
-                .finished_at
-                .as_ref()
-                .map(|t| t.0)
-        })
-        .max()
         .expect("the migrate pod finished");
     assert!(
         finished <= rs_created + slack,

@@ -122,17 +122,7 @@ impl Cluster {
     /// succeeds.
     #[track_caller]
     pub fn ctl(&self, action: &str, component: &str) {
-        let out = Command::new(repo_root().join("hack/cluster-ctl.sh"))
-            .env("BALLAST_CLUSTER_DIR", &self.dir)
-            .args([action, component])
-            .stdin(Stdio::null())
-            .output()
-            .expect("running hack/cluster-ctl.sh");
-        assert!(
-            out.status.success(),
-            "hack/cluster-ctl.sh {action} {component} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.ctl_with(action, component, "");
     }
 
     /// [`Cluster::ctl`] with `extra` flags for this start only (`BALLAST_EXTRA_ARGS`).

@@ -531,3 +531,25 @@ pub fn jobs_of_revision<'a>(jobs: &'a [Job], hook: &str, revision: &str) -> Vec<
         .filter(|j| j.labels().get("ballast.dev/revision").map(String::as_str) == Some(revision))
         .collect()
 }
+
+/// When the container of the newest pod of Job `job` finished, if it did (the pod's own
+/// finish time, not the Job's completionTime, which the Job controller may stamp late).
+pub async fn pod_finished(env: &Env, job: &str) -> Option<Timestamp> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client(), &env.ns.name);
+    pods.list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| {
+            let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+            cs.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()
+                .map(|t| t.0)
+        })
+        .max()
+}
