@@ -68,3 +68,14 @@ impl Error {
         }
     }
 }
+
+impl crate::controller::reconcile::ReconcileError for Error {
+    fn reason(&self) -> &'static str {
+        Error::reason(self)
+    }
+
+    /// A conflict: the newer object is already on its way.
+    fn is_stale(&self) -> bool {
+        matches!(self, Error::Conflict)
+    }
+}

@@ -4,14 +4,19 @@
 //! is not available, kept paused at rest.
 //!
 //! Steps, one module each:
-//! - read: [`observe`] — the Deployment, its ReplicaSets, the hook Jobs and pods, log tails;
+//! - read: [`observe`] — watch caches of the strategies, Deployments, ReplicaSets, hook Jobs
+//!   and hook pods (`run`), reduced to views; log tails;
 //! - decide: [`machine`] (with [`revision`] and [`hooks`]) — pure;
 //! - write: [`write`] — pause/unpause, scale, rollback, Jobs; the only place that writes;
 //! - status: [`status`] — the status, Events and metrics of each transition.
 //!
-//! A reconcile repeats observe → decide → write until a decision changes nothing, then sleeps
-//! until a watched object changes (the strategy, its Deployment, its Jobs, its hook pods) or a
-//! timer of the machine (a timeout, a backoff, a deadline) ends.
+//! A reconcile decides once, on the caches, and takes at most one step: when that decision
+//! changes nothing (the steady state) it returns without a single request; otherwise it reads
+//! the strategy afresh (the cache may not show our own last status write yet), decides again on
+//! that, performs the decision, records it and returns. The watches wake it for the next step
+//! (the strategy, its Deployment and ReplicaSets, its Jobs, its hook pods), as does a timer of
+//! the machine (a timeout, a backoff, a deadline). See [`sync`] for why the other cached views
+//! are safe to act on.
 
 pub mod error;
 pub mod gate;
@@ -22,14 +27,21 @@ pub mod revision;
 pub mod status;
 pub mod write;
 
-use super::{Context, ShutdownSignal, backoff::Backoff};
+use super::{
+    Context, ShutdownSignal,
+    reconcile::{Outcomes, key},
+};
 use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{HookPhase, RolloutStrategy};
 use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
 use error::Error;
 use futures::StreamExt;
-use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::Pod};
+use k8s_openapi::api::{
+    apps::v1::{Deployment, ReplicaSet},
+    batch::v1::Job,
+    core::v1::Pod,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
     Api, Resource, ResourceExt,
@@ -48,10 +60,11 @@ pub const CONTROLLER: &str = "rollout-strategy";
 /// Keeps a strategy until its Deployment is unpaused (the operator never leaves a Deployment
 /// paused behind it).
 pub const FINALIZER: &str = "ballast.dev/rollout-strategy";
-/// Most observe → decide → write rounds in one reconcile.
-const MAX_STEPS: usize = 24;
 /// Even with nothing to wait for, look again this often.
 const RESYNC: Duration = Duration::from_secs(300);
+/// After a step, look again this soon at the latest: the watch event of our own write normally
+/// wakes the strategy long before, and when it comes late, this keeps the rollout going.
+const AFTER_STEP: Duration = Duration::from_secs(1);
 
 /// What every reconcile of this controller shares.
 pub struct State {
@@ -60,7 +73,8 @@ pub struct State {
     shutdown: ShutdownSignal,
     recorder: super::events::Publisher,
     strategies: Store<Lenient<RolloutStrategy>>,
-    backoff: Backoff,
+    caches: observe::Caches,
+    outcomes: Outcomes,
     /// How governed Deployments are held ([`gate`]).
     gates: gate::Gates,
 }
@@ -110,6 +124,14 @@ fn strategies_for(
         .collect()
 }
 
+/// The Deployment that controls ReplicaSet `rs`.
+fn owner_deployment(rs: &ReplicaSet) -> Option<String> {
+    rs.owner_references()
+        .iter()
+        .find(|o| o.kind == "Deployment" && o.controller == Some(true))
+        .map(|o| o.name.clone())
+}
+
 pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let cfg = watcher::Config::default().any_semantic();
     let health = &ctx.health;
@@ -123,27 +145,46 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     .reflect(writer)
     .touched_objects();
     let controller = Controller::for_stream(strategies, store.clone());
-    let (s1, s2, s3) = (store.clone(), store.clone(), store);
+    let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store);
+    let (deployment_store, writer) = reflector::store();
     let deployments = super::watch(
         ctx.scoped_api::<Deployment>(),
         cfg.clone(),
         health.clone(),
         "rollout-strategy/deployments",
     )
+    .modify(observe::trim_deployment)
+    .reflect(writer)
     .touched_objects();
+    let (replica_set_store, writer) = reflector::store();
+    let replica_sets = super::watch(
+        ctx.scoped_api::<ReplicaSet>(),
+        cfg.clone(),
+        health.clone(),
+        "rollout-strategy/replicasets",
+    )
+    .modify(|r| observe::trim(&mut r.metadata))
+    .reflect(writer)
+    .touched_objects();
+    let (pod_store, writer) = reflector::store();
     let hook_pods = super::watch(
         ctx.scoped_api::<Pod>(),
         cfg.clone().labels(hooks::LABEL_STRATEGY),
         health.clone(),
         "rollout-strategy/pods",
     )
+    .modify(|p| observe::trim(&mut p.metadata))
+    .reflect(writer)
     .touched_objects();
+    let (job_store, writer) = reflector::store();
     let jobs = super::watch(
         ctx.scoped_api::<Job>(),
         cfg.clone().labels(hooks::LABEL_STRATEGY),
         health.clone(),
         "rollout-strategy/jobs",
     )
+    .modify(|j| observe::trim(&mut j.metadata))
+    .reflect(writer)
     .touched_objects();
     let reporter = Reporter {
         controller: ROLLOUT_STRATEGY_MANAGER.into(),
@@ -154,7 +195,13 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         shutdown: shutdown.clone(),
         ctx: ctx.clone(),
         strategies: s3,
-        backoff: Backoff::default(),
+        caches: observe::Caches {
+            deployments: deployment_store,
+            replica_sets: replica_set_store,
+            jobs: job_store,
+            pods: pod_store,
+        },
+        outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),
         gates: gates.clone(),
     });
     // The gate in force, as a metric; a change of it is every strategy's business.
@@ -171,6 +218,13 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         .owns_stream(jobs)
         .watches_stream(deployments, move |d: Deployment| {
             strategies_for(&s1, d.namespace(), &d.name_any())
+        })
+        // Where a rollout stands (mid points, completion) is in the ReplicaSets.
+        .watches_stream(replica_sets, move |r: ReplicaSet| {
+            match owner_deployment(&r) {
+                Some(d) => strategies_for(&s4, r.namespace(), &d),
+                None => vec![],
+            }
         })
         .watches_stream(hook_pods, move |p: Pod| {
             let value = p
@@ -192,30 +246,12 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         .await;
 }
 
-fn key(obj: &Lenient<RolloutStrategy>) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
-}
-
 async fn reconcile(obj: Arc<Lenient<RolloutStrategy>>, st: Arc<State>) -> Result<Action, Error> {
-    let start = std::time::Instant::now();
-    let result = sync(&obj, &st).await;
-    st.ctx
-        .metrics
-        .count_reconcile(CONTROLLER, start.elapsed().as_secs_f64());
-    if result.is_ok() {
-        st.backoff.succeeded(&key(&obj));
-    }
-    result
+    st.outcomes.run(&key(obj.as_ref()), sync(&obj, &st)).await
 }
 
 fn error_policy(obj: Arc<Lenient<RolloutStrategy>>, err: &Error, st: Arc<State>) -> Action {
-    st.ctx.metrics.count_error(CONTROLLER, err.reason());
-    tracing::warn!(strategy = %obj.name_any(), namespace = ?obj.namespace(), error = %err, reason = err.reason(), "reconcile failed");
-    match err {
-        // Stale reads are ordinary: the newer object is already on its way.
-        Error::Conflict => Action::requeue(Duration::from_millis(500)),
-        _ => Action::requeue(st.backoff.failed(&key(&obj))),
-    }
+    st.outcomes.on_error(&key(obj.as_ref()), err)
 }
 
 async fn set_finalizers<K>(api: &Api<K>, obj: &K, finalizers: Vec<String>) -> Result<(), Error>
@@ -277,112 +313,207 @@ async fn sync_invalid(
     Ok(Action::await_change())
 }
 
+/// One reconcile: one decision, at most one step.
+///
+/// The decision is made on the caches first. When it changes nothing, that is the answer, and
+/// it cost no request. When it would change something, the cached strategy may be what
+/// misleads it: its status can lag our own last status write, and deciding on that could
+/// repeat a step (create a Job twice, count an attempt twice). So the strategy is read afresh
+/// (one request) and the decision made again on it, and that decision is the one performed.
+///
+/// The other views still come from the caches. They can lag our own writes too, but acting on
+/// them is safe, effect by effect ([`Effect`]):
+/// - `Pause` / `Unpause`: server-side apply of the one field `spec.paused`; repeated, it writes
+///   the same value again.
+/// - `Scale(n)`: sets `spec.replicas` to `n`, an absolute value; repeated, the same. The count
+///   to restore after Recreate mid hooks is in status (read afresh); a lagging cache shows an
+///   older count, which is that one or our own 0, so it is never taken for a user's scale.
+/// - `RestoreTemplate`: a JSON patch that tests the `resourceVersion` of the cached Deployment;
+///   on a stale one the API server refuses it (a conflict) and it is decided again.
+/// - `CreateJob`: the Job's name is fixed by strategy, hook, revision and attempt, and one that
+///   exists already is adopted, never duplicated; it is built from the cached template of the
+///   same revision, which is the same template.
+/// - `DeleteJob`: a Job already gone (404) is fine.
+/// - `RemoveAnnotation`: on the strategy, tested against the fresh value.
+///
+/// One conclusion of the machine is drawn from an absence and would not be safe on a lagging
+/// Job cache: a hook whose Job status names but no cache shows is recorded as failed ("deleted
+/// before it finished"). Before deciding afresh, such a Job is looked up (one LIST by name);
+/// when it exists, the cache is behind and the reconcile waits for it. A lagging pod cache can
+/// only show a pod that is gone as still there, which holds the next attempt back a moment
+/// longer; a lagging ReplicaSet cache only delays a mid point or the completion, as a late
+/// watch event would.
 async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Error> {
-    // Which strategy governs a Deployment is read from the cache of all strategies.
+    // Decisions are made on the caches: never on one not filled yet (an empty cache would say
+    // "Deployment not found").
     let ready = async {
         let _ = st.strategies.wait_until_ready().await;
+        st.caches.ready().await;
     };
     if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
         return Err(Error::CacheNotReady);
     }
-    let ns = obj.namespace().unwrap_or_default();
-    let name = obj.name_any();
-    let client = &st.ctx.client;
-    let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns);
-    let lenient: Api<Lenient<RolloutStrategy>> = Api::namespaced(client.clone(), &ns);
-    // Until a round changes nothing, look again soon.
-    let mut requeue = Some(Duration::from_secs(1));
-    // A write the API server refused in this reconcile: the machine decides once more knowing
-    // it, and a refused Deployment write ends the reconcile in backoff.
-    let mut rejected: Option<Rejection> = None;
-    for _ in 0..MAX_STEPS {
-        // Fresh every round: the cache may not have caught up with our own status writes.
-        let strategy = match lenient.get_opt(&name).await.map_err(Error::Read)? {
-            None => return Ok(Action::await_change()),
-            Some(Lenient::Ok(s)) => s,
-            Some(l @ Lenient::Invalid(_)) => {
-                let Lenient::Invalid(inv) = &l else {
-                    unreachable!()
-                };
-                return sync_invalid(&l, inv, st).await;
-            }
-        };
-        let has_finalizer = strategy.finalizers().iter().any(|f| f == FINALIZER);
-        if strategy.metadata.deletion_timestamp.is_some() {
-            if has_finalizer {
-                let original = strategy.status.as_ref().and_then(|s| s.original_replicas);
-                release(
+    // The newest cached copy: the one this reconcile was scheduled with may be older.
+    let Some(cached) = st.strategies.get(&ObjectRef::from_obj(obj)) else {
+        // Deleted (a relist swaps the store whole, so absent means gone).
+        return Ok(Action::await_change());
+    };
+    match cached.as_ref() {
+        Lenient::Ok(strategy) => match settled(strategy, st) {
+            Some(action) => Ok(action),
+            None => {
+                step(
                     st,
-                    &ns,
-                    &strategy.spec.target_ref.name,
-                    &seniority(&strategy.metadata),
-                    original,
+                    &strategy.namespace().unwrap_or_default(),
+                    &obj.name_any(),
                 )
-                .await?;
-                let rest = strategy
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != FINALIZER)
-                    .cloned()
-                    .collect();
-                set_finalizers(&api, &strategy, rest).await?;
-                tracing::info!(strategy = %name, namespace = %ns, "released the Deployment; finalizer removed");
+                .await
             }
-            return Ok(Action::await_change());
+        },
+        // It writes only when its conditions are not there yet.
+        Lenient::Invalid(inv) if cached.meta().deletion_timestamp.is_none() => {
+            sync_invalid(&cached, inv, st).await
         }
-        if !has_finalizer {
-            let mut f = strategy.finalizers().to_vec();
-            f.push(FINALIZER.into());
-            set_finalizers(&api, &strategy, f).await?;
-            continue;
+        // Released with what it recorded last: read afresh.
+        Lenient::Invalid(_) => {
+            step(st, &cached.namespace().unwrap_or_default(), &obj.name_any()).await
         }
+    }
+}
 
-        let old = strategy.status.clone().unwrap_or_default();
-        // Logs are only read for a hook whose end is about to be recorded.
-        let want_logs: Vec<String> = old
-            .hooks
-            .iter()
-            .filter(|h| matches!(h.phase, HookPhase::Pending | HookPhase::Running))
-            .filter_map(|h| h.job_name.clone())
-            .collect();
-        let observed = observe::observe(
-            client,
-            &ns,
-            &name,
-            &strategy.spec.target_ref.name,
-            &want_logs,
-        )
-        .await
-        .map_err(Error::Observe)?;
-        let annotations = strategy.annotations();
-        let governed = governed_by(
-            &st.strategies,
-            &ns,
-            &strategy.spec.target_ref.name,
-            &seniority(&strategy.metadata),
-        );
-        let decision = machine::decide(&Input {
-            name: &name,
-            generation: strategy.metadata.generation,
-            spec: &strategy.spec,
-            status: &old,
-            approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
-            retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
-            deployment: observed.deployment.as_ref(),
-            jobs: &observed.jobs,
-            now: jiff::Timestamp::now(),
-            governed_by: governed.as_deref(),
-            live_pods: &observed.live_pods,
-            rejected: rejected.as_ref(),
-            gate: st.gates.current().gate,
-        });
+/// The machine's decision for `strategy` on the cached views.
+fn decide(
+    strategy: &RolloutStrategy,
+    observed: &observe::Observed,
+    rejected: Option<&Rejection>,
+    st: &State,
+) -> machine::Decision {
+    let ns = strategy.namespace().unwrap_or_default();
+    let status = strategy.status.clone().unwrap_or_default();
+    let annotations = strategy.annotations();
+    let governed = governed_by(
+        &st.strategies,
+        &ns,
+        &strategy.spec.target_ref.name,
+        &seniority(&strategy.metadata),
+    );
+    machine::decide(&Input {
+        name: &strategy.name_any(),
+        generation: strategy.metadata.generation,
+        spec: &strategy.spec,
+        status: &status,
+        approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
+        retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
+        deployment: observed.deployment.as_ref(),
+        jobs: &observed.jobs,
+        now: jiff::Timestamp::now(),
+        governed_by: governed.as_deref(),
+        live_pods: &observed.live_pods,
+        rejected,
+        gate: st.gates.current().gate,
+    })
+}
+
+/// `Some` when the cached strategy needs nothing done (no write, no prune): the steady state,
+/// answered without a request. `None` when there is something to do.
+fn settled(strategy: &RolloutStrategy, st: &State) -> Option<Action> {
+    let has_finalizer = strategy.finalizers().iter().any(|f| f == FINALIZER);
+    if strategy.metadata.deletion_timestamp.is_some() {
+        return (!has_finalizer).then(Action::await_change);
+    }
+    if !has_finalizer {
+        return None;
+    }
+    let ns = strategy.namespace().unwrap_or_default();
+    let observed = st
+        .caches
+        .observe(&ns, &strategy.name_any(), &strategy.spec.target_ref.name);
+    let decision = decide(strategy, &observed, None, st);
+    let old = strategy.status.clone().unwrap_or_default();
+    (!decision.changes(&old) && decision.prune.is_empty())
+        .then(|| Action::requeue(decision.requeue.unwrap_or(RESYNC).min(RESYNC)))
+}
+
+/// Reads strategy `name` afresh and takes its next step.
+async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
+    let client = &st.ctx.client;
+    let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), ns);
+    let lenient: Api<Lenient<RolloutStrategy>> = Api::namespaced(client.clone(), ns);
+    let mut strategy = match lenient.get_opt(name).await.map_err(Error::Read)? {
+        None => return Ok(Action::await_change()),
+        Some(Lenient::Ok(s)) => s,
+        Some(l @ Lenient::Invalid(_)) => {
+            let Lenient::Invalid(inv) = &l else {
+                unreachable!()
+            };
+            return sync_invalid(&l, inv, st).await;
+        }
+    };
+    let has_finalizer = strategy.finalizers().iter().any(|f| f == FINALIZER);
+    if strategy.metadata.deletion_timestamp.is_some() {
+        if has_finalizer {
+            let original = strategy.status.as_ref().and_then(|s| s.original_replicas);
+            release(
+                st,
+                ns,
+                &strategy.spec.target_ref.name,
+                &seniority(&strategy.metadata),
+                original,
+            )
+            .await?;
+            let rest = strategy
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER)
+                .cloned()
+                .collect();
+            set_finalizers(&api, &strategy, rest).await?;
+            tracing::info!(strategy = %name, namespace = %ns, "released the Deployment; finalizer removed");
+        }
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        let mut f = strategy.finalizers().to_vec();
+        f.push(FINALIZER.into());
+        set_finalizers(&api, &strategy, f.clone()).await?;
+        // Not a step of the rollout: the first one follows on what was just read, which the
+        // patch changed only here.
+        strategy.metadata.finalizers = Some(f);
+    }
+
+    let old = strategy.status.clone().unwrap_or_default();
+    let mut observed = st.caches.observe(ns, name, &strategy.spec.target_ref.name);
+    let unseen = observe::unseen_jobs(&old, &observed);
+    if !unseen.is_empty()
+        && observe::any_job_exists(client, ns, &unseen)
+            .await
+            .map_err(Error::Observe)?
+    {
+        tracing::debug!(strategy = %name, namespace = %ns, jobs = ?unseen, "the Job cache has not caught up with our own Jobs yet");
+        return Ok(Action::requeue(AFTER_STEP));
+    }
+    // Logs are only read for a hook whose end is about to be recorded.
+    let want_logs: Vec<String> = old
+        .hooks
+        .iter()
+        .filter(|h| matches!(h.phase, HookPhase::Pending | HookPhase::Running))
+        .filter_map(|h| h.job_name.clone())
+        .collect();
+    observe::read_log_tails(client, ns, &mut observed, &want_logs).await;
+    // A write the API server refused: the machine decides once more knowing it (a refusal is
+    // not a step), and a refused Deployment write ends the reconcile in backoff. At most two
+    // rounds: the second either changes nothing, is recorded, or fails.
+    let mut rejected: Option<Rejection> = None;
+    loop {
+        let decision = decide(&strategy, &observed, rejected.as_ref(), st);
         if !decision.changes(&old) {
-            requeue = decision.requeue;
             for job in &decision.prune {
-                write::delete_job(client, &ns, job).await?;
+                write::delete_job(client, ns, job).await?;
                 tracing::info!(strategy = %name, namespace = %ns, job, "pruned a finished hook Job");
             }
-            break;
+            return Ok(Action::requeue(
+                decision.requeue.unwrap_or(RESYNC).min(RESYNC),
+            ));
         }
         let mut refused = None;
         for effect in &decision.effects {
@@ -405,7 +536,7 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
             rejected = refused;
             continue;
         }
-        status::write(&api, &name, &old, &decision.status).await?;
+        status::write(&api, name, &old, &decision.status).await?;
         if old.phase != decision.status.phase {
             tracing::info!(strategy = %name, namespace = %ns, phase = ?decision.status.phase, revision = ?decision.status.current_revision, message = ?decision.status.message, "phase");
         }
@@ -417,17 +548,16 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
             &decision.events,
         )
         .await;
-        if rejected.is_some() {
-            break;
-        }
-    }
-    match rejected {
-        // Recorded in status and an Event; the Deployment is written again after a backoff.
-        Some(r) if r.effect.writes_deployment() => Err(Error::Refused {
-            code: r.code,
-            message: r.message,
-        }),
-        _ => Ok(Action::requeue(requeue.unwrap_or(RESYNC).min(RESYNC))),
+        return match rejected {
+            // Recorded in status and an Event; the Deployment is written again after a backoff.
+            Some(r) if r.effect.writes_deployment() => Err(Error::Refused {
+                code: r.code,
+                message: r.message,
+            }),
+            _ => Ok(Action::requeue(
+                decision.requeue.map_or(AFTER_STEP, |r| r.min(AFTER_STEP)),
+            )),
+        };
     }
 }
 
@@ -546,6 +676,9 @@ async fn release(
         return Ok(());
     }
     let client = &st.ctx.client;
+    // Read afresh, not from the cache: a Deployment created a moment ago (paused by the
+    // revision gate) must not stay paused because the cache has not seen it yet. A deletion
+    // is rare; this is its one read.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     if deployments
         .get_opt(target)

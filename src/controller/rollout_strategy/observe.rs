@@ -1,21 +1,26 @@
 //! Reading the world for one strategy: its Deployment (and that Deployment's ReplicaSets, with
 //! the revision each was made from), its hook Jobs and their pods, and — for a failed hook —
 //! the tail of the pod's log (kwok pods and pods whose node is gone have none: then the
-//! terminated state's reason and message stand in). Everything is read fresh from the API
-//! server, confined to the strategy's namespace, and reduced to the plain views the pure state
-//! machine decides on.
+//! terminated state's reason and message stand in). Everything but the log tail comes from the
+//! controller's watch caches ([`Caches`], filled by the watches of `run`), confined to the
+//! strategy's namespace, and is reduced without a request to the plain views the pure state
+//! machine decides on. A log tail is one request, made only for a hook whose end is about to be
+//! recorded; [`any_job_exists`] is one more, made only when status names a Job of ours that the
+//! cache does not show (yet).
 
 use super::hooks::{
     ANNOTATION_TARGET_UID, LABEL_ATTEMPT, LABEL_HOOK, LABEL_REVISION, LABEL_STRATEGY, label_value,
 };
 use super::revision;
+use crate::api::{HookPhase, RolloutStrategyStatus};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, LogParams},
+    api::{ListParams, LogParams, ObjectMeta},
+    runtime::reflector::{ObjectRef, Store},
 };
 use std::time::Duration;
 
@@ -424,49 +429,147 @@ pub struct Observed {
     pub live_pods: Vec<HookPod>,
 }
 
-/// Reads the Deployment `target`, its ReplicaSets, and the Jobs and pods of `strategy` in `ns`.
-/// Fetches the log tail of the failed Jobs named in `want_logs`.
-pub async fn observe(
+/// The watch caches the controller reads instead of the API server.
+#[derive(Clone)]
+pub struct Caches {
+    pub deployments: Store<Deployment>,
+    pub replica_sets: Store<ReplicaSet>,
+    /// Hook Jobs only (labelled with [`LABEL_STRATEGY`]).
+    pub jobs: Store<Job>,
+    /// Pods of hook Jobs only (labelled with [`LABEL_STRATEGY`]).
+    pub pods: Store<Pod>,
+}
+
+impl Caches {
+    /// Resolves once every cache holds its first complete list.
+    pub async fn ready(&self) {
+        let _ = self.deployments.wait_until_ready().await;
+        let _ = self.replica_sets.wait_until_ready().await;
+        let _ = self.jobs.wait_until_ready().await;
+        let _ = self.pods.wait_until_ready().await;
+    }
+
+    /// What strategy `strategy` in `ns`, targeting Deployment `target`, decides on, from the
+    /// caches alone (no log tails: see [`read_log_tails`]).
+    pub fn observe(&self, ns: &str, strategy: &str, target: &str) -> Observed {
+        let deployment = self.deployments.get(&ObjectRef::new(target).within(ns));
+        let uid = deployment.as_ref().and_then(|d| d.uid());
+        let replica_sets: Vec<ReplicaSet> = self
+            .replica_sets
+            .state()
+            .iter()
+            .filter(|r| r.namespace().as_deref() == Some(ns))
+            .filter(|r| {
+                r.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == uid.as_ref())
+            })
+            .map(|r| r.as_ref().clone())
+            .collect();
+        let ours = |meta: &ObjectMeta| {
+            meta.namespace.as_deref() == Some(ns)
+                && meta
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_STRATEGY))
+                    .is_some_and(|v| *v == label_value(strategy))
+        };
+        let jobs: Vec<Job> = self
+            .jobs
+            .state()
+            .iter()
+            .filter(|j| ours(&j.metadata))
+            .map(|j| j.as_ref().clone())
+            .collect();
+        let pods: Vec<Pod> = self
+            .pods
+            .state()
+            .iter()
+            .filter(|p| ours(&p.metadata))
+            .map(|p| p.as_ref().clone())
+            .collect();
+        reduce(strategy, deployment.as_deref(), &replica_sets, &jobs, &pods)
+    }
+}
+
+/// Drops what no view reads from a cached object, so the caches stay small: managedFields and
+/// the last-applied annotation.
+pub fn trim(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// As [`trim`], for a Deployment, but keeps who set `spec.paused` (the managedFields entries that
+/// own it, cut down to that one field): [`DeploymentView::paused_by`] tells a pause by someone
+/// else, which ballast leaves alone, from its own.
+pub fn trim_deployment(d: &mut Deployment) {
+    let owners: Vec<_> = d
+        .metadata
+        .managed_fields
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.pointer("/f:spec/f:paused"))
+                .is_some()
+        })
+        .map(|mut m| {
+            m.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                serde_json::json!({"f:spec": {"f:paused": {}}}),
+            ));
+            m
+        })
+        .collect();
+    trim(&mut d.metadata);
+    if !owners.is_empty() {
+        d.metadata.managed_fields = Some(owners);
+    }
+}
+
+/// Reduces the objects of the strategy's namespace to what strategy `strategy` decides on: the
+/// Deployment with the ReplicaSets it controls, and the Jobs and pods labelled for the strategy.
+pub fn reduce(
+    strategy: &str,
+    deployment: Option<&Deployment>,
+    replica_sets: &[ReplicaSet],
+    jobs: &[Job],
+    pods: &[Pod],
+) -> Observed {
+    let value = label_value(strategy);
+    let ours = |meta: &ObjectMeta| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_STRATEGY))
+            .is_some_and(|v| *v == value)
+    };
+    let pods: Vec<Pod> = pods.iter().filter(|p| ours(&p.metadata)).cloned().collect();
+    let mut views: Vec<JobView> = jobs
+        .iter()
+        .filter(|j| ours(&j.metadata))
+        .map(|j| JobView::from_parts(j, &pods))
+        .collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    Observed {
+        deployment: deployment.map(|d| DeploymentView::from_parts(d, replica_sets)),
+        jobs: views,
+        live_pods: pods.iter().filter_map(HookPod::live).collect(),
+    }
+}
+
+/// Fetches the log tail of the failed Jobs named in `want_logs` (the hooks whose end is about
+/// to be recorded): one request each.
+pub async fn read_log_tails(
     client: &Client,
     ns: &str,
-    strategy: &str,
-    target: &str,
+    observed: &mut Observed,
     want_logs: &[String],
-) -> kube::Result<Observed> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let deployment = match deployments.get_opt(target).await? {
-        Some(d) => {
-            let selector = d
-                .spec
-                .as_ref()
-                .and_then(|s| s.selector.match_labels.clone())
-                .unwrap_or_default()
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",");
-            let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
-            let rs = rs_api
-                .list(&ListParams::default().labels(&selector))
-                .await?
-                .items;
-            Some(DeploymentView::from_parts(&d, &rs))
-        }
-        None => None,
-    };
-    let ours = format!("{LABEL_STRATEGY}={}", label_value(strategy));
-    let jobs_api: Api<Job> = Api::namespaced(client.clone(), ns);
-    let jobs = jobs_api
-        .list(&ListParams::default().labels(&ours))
-        .await?
-        .items;
+) {
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pods = pods_api
-        .list(&ListParams::default().labels(&ours))
-        .await?
-        .items;
-    let mut views: Vec<JobView> = jobs.iter().map(|j| JobView::from_parts(j, &pods)).collect();
-    for v in views.iter_mut() {
+    for v in observed.jobs.iter_mut() {
         if !want_logs.contains(&v.name) || !matches!(v.state, JobState::Failed { .. }) {
             continue;
         }
@@ -474,12 +577,33 @@ pub async fn observe(
         let container = pod.terminated.as_ref().map(|t| t.container.clone());
         v.log_tail = log_tail(&pods_api, &pod.name, container).await;
     }
-    views.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Observed {
-        deployment,
-        jobs: views,
-        live_pods: pods.iter().filter_map(HookPod::live).collect(),
-    })
+}
+
+/// The Jobs that `status` records as created for a hook still running (an open entry with a
+/// Job name) but that `observed` lacks: either deleted, or created so recently that the Job
+/// cache has not seen them yet. Deciding on the latter would record the hook as failed
+/// ("deleted before it finished"), so they are looked up before any decision is acted on.
+pub fn unseen_jobs(status: &RolloutStrategyStatus, observed: &Observed) -> Vec<String> {
+    status
+        .hooks
+        .iter()
+        .filter(|h| matches!(h.phase, HookPhase::Pending | HookPhase::Running))
+        .filter_map(|h| h.job_name.clone())
+        .filter(|name| !observed.jobs.iter().any(|j| &j.name == name))
+        .collect()
+}
+
+/// Whether any of the Jobs `names` exists in `ns`, read from the API server (a LIST by name,
+/// which the Jobs permission already allows).
+pub async fn any_job_exists(client: &Client, ns: &str, names: &[String]) -> kube::Result<bool> {
+    let api: Api<Job> = Api::namespaced(client.clone(), ns);
+    for name in names {
+        let lp = ListParams::default().fields(&format!("metadata.name={name}"));
+        if !api.list_metadata(&lp).await?.items.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The last lines of a pod's log, or `None` when there is none to read (kwok pods, pods whose
@@ -605,6 +729,89 @@ mod tests {
         let p = v.pod.unwrap();
         assert_eq!(p.waiting_reason.as_deref(), Some("Unschedulable"));
         assert!(p.running_since.is_none());
+    }
+
+    fn labelled(mut meta: ObjectMeta, strategy: &str) -> ObjectMeta {
+        meta.labels
+            .get_or_insert_default()
+            .insert(LABEL_STRATEGY.into(), label_value(strategy));
+        meta
+    }
+
+    #[test]
+    fn reduce_keeps_only_the_strategys_jobs_and_pods() {
+        let mut mine = job(json!({"active": 1}));
+        mine.metadata = labelled(mine.metadata, "web");
+        let mut other = job(json!({"active": 1}));
+        other.metadata = labelled(other.metadata, "api");
+        other.metadata.name = Some("api-migrate-b-1".into());
+        let mut running = pod(json!({"phase": "Running"}));
+        running.metadata = labelled(running.metadata, "web");
+        let mut theirs = pod(json!({"phase": "Running"}));
+        theirs.metadata = labelled(theirs.metadata, "api");
+        theirs.metadata.name = Some("q".into());
+        let o = reduce(
+            "web",
+            Some(&deployment()),
+            &[
+                replica_set("d1", "web:2", 3),
+                replica_set("other", "web:1", 1),
+            ],
+            &[mine, other],
+            &[running, theirs],
+        );
+        let names: Vec<&str> = o.jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(names, ["web-migrate-b-1"]);
+        assert_eq!(o.jobs[0].pod.as_ref().map(|p| p.name.as_str()), Some("p"));
+        assert_eq!(o.live_pods.len(), 1);
+        assert_eq!(o.live_pods[0].job, "web-migrate-b-1");
+        assert_eq!(o.deployment.unwrap().replica_sets.len(), 1);
+        assert!(reduce("web", None, &[], &[], &[]).deployment.is_none());
+    }
+
+    #[test]
+    fn a_job_status_names_but_the_cache_lacks_is_unseen() {
+        use crate::api::HookStatus;
+        let entry = |name: &str, phase: HookPhase| HookStatus {
+            name: name.into(),
+            phase,
+            job_name: Some(format!("web-{name}-b-1")),
+            ..Default::default()
+        };
+        let status = RolloutStrategyStatus {
+            hooks: vec![
+                entry("migrate", HookPhase::Running),
+                entry("seed", HookPhase::Pending),
+                entry("purge", HookPhase::Succeeded),
+            ],
+            ..Default::default()
+        };
+        let cached = Observed {
+            deployment: None,
+            jobs: vec![JobView::from_parts(&job(json!({"active": 1})), &[])],
+            live_pods: vec![],
+        };
+        // migrate's Job is cached; purge ended, so its Job no longer matters.
+        assert_eq!(unseen_jobs(&status, &cached), ["web-seed-b-1"]);
+    }
+
+    #[test]
+    fn the_trimmed_cache_still_knows_who_paused_the_deployment() {
+        let mut d: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "uid": "u", "managedFields": [
+                {"manager": "kubectl-client-side-apply", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}},
+                {"manager": "kubectl-rollout", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:paused": {}}}}
+            ]},
+            "spec": {"paused": true, "selector": {}, "template": {}}
+        }))
+        .unwrap();
+        trim_deployment(&mut d);
+        let fields = d.metadata.managed_fields.as_ref().unwrap();
+        assert_eq!(fields.len(), 1, "only the owner of spec.paused is kept");
+        let v = DeploymentView::from_parts(&d, &[]);
+        assert_eq!(v.paused_by_someone_else(), Some("kubectl-rollout"));
     }
 
     #[test]
