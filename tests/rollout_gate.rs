@@ -368,23 +368,30 @@ async fn the_wait_recipe_waits_for_this_revision_not_the_previous_ready() {
     let recipe = format!(
         r#"set -eu
 gen=$(kubectl get deployment/web -n {ns} -o jsonpath='{{.metadata.generation}}')
-kubectl wait rolloutstrategy/web -n {ns} --for=jsonpath='{{.status.deploymentGeneration}}'="$gen" --timeout=60s
+for _ in $(seq 120); do
+  seen=$(kubectl get rolloutstrategy/web -n {ns} -o jsonpath='{{.status.deploymentGeneration}}')
+  [ "${{seen:-0}}" -ge "$gen" ] && break
+  sleep 1
+done
 kubectl wait rolloutstrategy/web -n {ns} --for=condition=Ready --timeout=120s
 "#
     );
-    let out = std::process::Command::new("bash")
-        .args(["-c", &recipe])
-        .env("KUBECONFIG", &env.c.kubeconfig)
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                env.c.kubectl.parent().unwrap().display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .output()
-        .unwrap();
+    let run = || {
+        std::process::Command::new("bash")
+            .args(["-c", &recipe])
+            .env("KUBECONFIG", &env.c.kubeconfig)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    env.c.kubectl.parent().unwrap().display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .output()
+            .unwrap()
+    };
+    let out = run();
     let waited = changed.elapsed();
     assert!(
         out.status.success(),
@@ -404,6 +411,15 @@ kubectl wait rolloutstrategy/web -n {ns} --for=condition=Ready --timeout=120s
     assert!(
         waited >= Duration::from_secs(5),
         "the recipe waited for the 6 s pre hook, not the previous Ready: {waited:?}"
+    );
+    // Run late (ballast's writes have moved the generation on since), it returns at once.
+    let late = Instant::now();
+    let out = run();
+    assert!(
+        out.status.success() && late.elapsed() < Duration::from_secs(10),
+        "the recipe run late: {:?} {}",
+        late.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
