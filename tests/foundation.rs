@@ -764,25 +764,9 @@ fn granted_in(file: &str) -> std::collections::BTreeSet<(String, String, String)
 
 /// (group, resource, verb, code) of each request `ballast_api_requests_total` counted.
 fn requests_in(metrics: &str) -> Vec<(String, String, String, String)> {
-    let label = |line: &str, key: &str| -> String {
-        let start = line
-            .find(&format!("{key}=\""))
-            .unwrap_or_else(|| panic!("{key} in {line}"))
-            + key.len()
-            + 2;
-        line[start..][..line[start..].find('"').unwrap()].to_string()
-    };
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("ballast_api_requests_total{"))
-        .map(|l| {
-            (
-                label(l, "group"),
-                label(l, "resource"),
-                label(l, "verb"),
-                label(l, "code"),
-            )
-        })
+    support::api_requests(metrics)
+        .into_iter()
+        .map(|((verb, group, resource, code), _)| (group, resource, verb, code))
         .collect()
 }
 

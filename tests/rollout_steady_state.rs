@@ -111,27 +111,7 @@ fn sample(metrics: &str, prefix: &str) -> u64 {
 
 /// `ballast_api_requests_total` by `(verb, group, resource, code)`.
 fn requests(metrics: &str) -> BTreeMap<Key, u64> {
-    let label = |line: &str, key: &str| -> String {
-        let start = line
-            .find(&format!("{key}=\""))
-            .unwrap_or_else(|| panic!("{key} in {line}"))
-            + key.len()
-            + 2;
-        line[start..][..line[start..].find('"').unwrap()].to_string()
-    };
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("ballast_api_requests_total{"))
-        .map(|l| {
-            let key = (
-                label(l, "verb"),
-                label(l, "group"),
-                label(l, "resource"),
-                label(l, "code"),
-            );
-            (key, sample(l, ""))
-        })
-        .collect()
+    support::api_requests(metrics).into_iter().collect()
 }
 
 /// Requests that are not the controllers' own: watches (one long request each, which kube's

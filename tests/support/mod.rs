@@ -633,3 +633,34 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// `ballast_api_requests_total` of a /metrics page, one `((verb, group, resource, code), count)`
+/// per sample.
+pub fn api_requests(metrics: &str) -> Vec<((String, String, String, String), u64)> {
+    let label = |line: &str, key: &str| -> String {
+        let start = line
+            .find(&format!("{key}=\""))
+            .unwrap_or_else(|| panic!("{key} in {line}"))
+            + key.len()
+            + 2;
+        line[start..][..line[start..].find('"').unwrap()].to_string()
+    };
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("ballast_api_requests_total{"))
+        .map(|l| {
+            let count = l
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64;
+            let key = (
+                label(l, "verb"),
+                label(l, "group"),
+                label(l, "resource"),
+                label(l, "code"),
+            );
+            (key, count)
+        })
+        .collect()
+}
