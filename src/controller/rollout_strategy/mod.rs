@@ -323,8 +323,11 @@ async fn sync_invalid(
 ///
 /// The other views still come from the caches. They can lag our own writes too, but acting on
 /// them is safe, effect by effect ([`Effect`]):
-/// - `Pause` / `Unpause`: server-side apply of the one field `spec.paused`; repeated, it writes
-///   the same value again.
+/// - `Pause`: server-side apply of the one field `spec.paused`; repeated, it writes the same
+///   value again.
+/// - `Unpause`: the same, with the cached `resourceVersion` as a precondition; on a stale one
+///   the API server refuses it (a conflict) and it is decided again.
+/// - `Annotate`: a merge patch of two annotations to fixed values; repeated, the same.
 /// - `Scale(n)`: sets `spec.replicas` to `n`, an absolute value; repeated, the same. The count
 ///   to restore after Recreate mid hooks is in status (read afresh); a lagging cache shows an
 ///   older count, which is that one or our own 0, so it is never taken for a user's scale.
