@@ -48,6 +48,21 @@ fn deployment_error(e: kube::Error) -> Error {
     }
 }
 
+/// What the API server answers (422) when it cannot apply a JSON patch, a failed `test` op
+/// included: the cause is in neither the message nor the details, so this very message is how a
+/// failed `test` of our resourceVersion guard shows.
+const PATCH_NOT_APPLIED: &str = "the server rejected our request due to an error in our request";
+
+/// The error of a JSON patch guarded by a `test` of the resourceVersion read. That read comes
+/// from the cache, which may not show our own last write yet: a failed test is a stale read, to
+/// decide again on (a conflict), never a refusal to record.
+fn guarded_patch_error(e: kube::Error) -> Error {
+    match e {
+        kube::Error::Api(s) if s.code == 422 && s.message == PATCH_NOT_APPLIED => Error::Conflict,
+        e => deployment_error(e),
+    }
+}
+
 /// Sets `spec.paused` of Deployment `name`.
 pub async fn set_paused(client: &Client, ns: &str, name: &str, paused: bool) -> Result<(), Error> {
     apply_paused(client, ns, name, paused, None).await
@@ -175,7 +190,7 @@ pub async fn restore_template(
     ]));
     api.patch(name, &update_params(), &Patch::<()>::Json(patch))
         .await
-        .map_err(deployment_error)?;
+        .map_err(guarded_patch_error)?;
     Ok(())
 }
 
@@ -239,5 +254,34 @@ where
         // Changed or gone meanwhile: nothing of ours to remove.
         Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Ok(()),
         Err(e) => Err(Error::Annotation(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                ..kube::core::Status::failure(message, "Invalid")
+            }
+            .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_failed_resource_version_test_is_a_conflict_not_a_refusal() {
+        assert!(matches!(
+            guarded_patch_error(api_error(422, PATCH_NOT_APPLIED)),
+            Error::Conflict
+        ));
+        let invalid =
+            "Deployment.apps \"web\" is invalid: spec.template.spec.containers: Required value";
+        assert!(matches!(
+            guarded_patch_error(api_error(422, invalid)),
+            Error::Refused { code: 422, .. }
+        ));
     }
 }
