@@ -266,6 +266,14 @@ async fn converged_strategies_make_no_api_requests() {
         assert_eq!(code, 200);
         body
     };
+    let rss = std::fs::read_to_string(format!("/proc/{}/status", op.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(String::from)
+        });
+    eprintln!("manager memory with {n} governed Deployments: {rss:?}");
     let first_text = metrics().await;
     let first = requests(&first_text);
     let total = |r: &BTreeMap<Key, u64>| -> u64 {
