@@ -25,7 +25,8 @@
 //!
 //! Settings (environment): BALLAST_BENCH_DEPLOYMENTS (1000), BALLAST_BENCH_UPDATES (1000 per
 //! phase), BALLAST_BENCH_CONCURRENCY (8), BALLAST_BENCH_ROUNDS (2: with/without twice),
-//! BALLAST_BENCH_STRATEGIES (20). Results and how to read them: docs/benchmarks.md.
+//! BALLAST_BENCH_STRATEGIES (20), BALLAST_BENCH_PAUSE_SECS (5: quiet time before each phase).
+//! Results and how to read them: docs/benchmarks.md.
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::rollout_strategy::RolloutStrategy;
@@ -62,6 +63,9 @@ struct Settings {
     concurrency: usize,
     rounds: usize,
     strategies: usize,
+    /// Quiet time before each phase, so that one phase's aftermath in the API server (its Go
+    /// garbage, watch fan-out) does not land in the next.
+    pause: Duration,
 }
 
 fn env_usize(name: &str, default: usize) -> Result<usize> {
@@ -83,6 +87,7 @@ impl Settings {
             concurrency: env_usize("BALLAST_BENCH_CONCURRENCY", 8)?,
             rounds: env_usize("BALLAST_BENCH_ROUNDS", 2)?,
             strategies: env_usize("BALLAST_BENCH_STRATEGIES", 20)?,
+            pause: Duration::from_secs(env_usize("BALLAST_BENCH_PAUSE_SECS", 5)? as u64),
         })
     }
 }
@@ -843,6 +848,7 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
                             POLICY_SETTLE.as_secs()
                         );
                     }
+                    tokio::time::sleep(s.pause).await;
                     let before = counters(&client, &gate, &hold).await?;
                     let (latencies, wall) = update_phase(api, s, &tag, s.updates).await?;
                     let delta = counters(&client, &gate, &hold).await? - before;
@@ -902,6 +908,19 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
         );
         let paused = list.items.iter().filter(|d| is_paused(d)).count();
         ensure!(paused == 0, "{paused} Deployment(s) of {ns} are paused");
+        // Background load: the deployment controller (20 requests/s by default) makes a
+        // ReplicaSet per template change and lags far behind this bench.
+        let behind = list
+            .items
+            .iter()
+            .filter(|d| {
+                d.status.as_ref().and_then(|st| st.observed_generation) < d.metadata.generation
+            })
+            .count();
+        eprintln!(
+            "[bench] {ns}: the deployment controller has yet to catch up with {behind} of {} Deployments",
+            s.deployments
+        );
     }
     // The checks counters only count invocations that passed the matchConditions, so any in A
     // would be a gate firing on an ungoverned Deployment (its response would have been paused and
