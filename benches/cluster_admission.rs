@@ -1106,12 +1106,16 @@ async fn main() -> Result<()> {
         "[bench] cluster_admission: {} Deployments per namespace, {} updates per phase, {} in flight, {} rounds, {} strategies in B",
         s.deployments, s.updates, s.concurrency, s.rounds, s.strategies
     );
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    // Dropping run's future on a signal drops its guards: the policies are re-installed and the
+    // namespaces deleted, whether make is interrupted or the process is killed politely.
     let result = tokio::select! {
         r = run(&s, start) => r,
-        _ = tokio::signal::ctrl_c() => {
-            // Dropping run's future drops its guards: policies re-installed, namespaces deleted.
-            Err(anyhow!("interrupted"))
-        }
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow!("terminated (SIGTERM)")),
+        _ = hangup.recv() => Err(anyhow!("hung up (SIGHUP)")),
     };
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",
