@@ -33,8 +33,16 @@ test: ## Build what is missing, start the local cluster, run every test, stop th
 	hack/test.sh
 
 .PHONY: bench
-bench: ## Run the benchmarks
-	$(CARGO) bench
+bench: ## Run the benchmarks that need no cluster
+	$(CARGO) bench --bench spread_plan
+
+# The cluster is the one hack/test.sh uses (BALLAST_CLUSTER_DIR, else .cluster/); it stays up.
+.PHONY: bench-cluster
+bench-cluster: ## Cluster benchmarks against the local control plane (starts it if needed)
+	hack/build-cluster.sh
+	state="$${BALLAST_CLUSTER_DIR:-$(CLUSTER_DIR)}"; \
+	  BALLAST_CLUSTER_DIR="$$state" hack/cluster-up.sh && \
+	  KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" $(CARGO) bench --bench cluster_admission
 
 .PHONY: run
 run: ## Run the operator on the local cluster with the examples applied
