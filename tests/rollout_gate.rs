@@ -30,6 +30,9 @@ async fn env_with(prefix: &str, gate: &str, extra: &[&str]) -> Env {
     Env::with_args(prefix, &args).await
 }
 
+/// The pre hook of [`STRATEGY`], as [`adopt`] takes it.
+const MIGRATE: &str = "  pre: [{name: migrate, container: {from: app, command: [migrate]}}]\n";
+
 const STRATEGY: &str = r#"
 apiVersion: ballast.dev/v1alpha1
 kind: RolloutStrategy
@@ -63,11 +66,8 @@ async fn hook_finished(env: &Env, hook: &str, revision: &str) -> jiff::Timestamp
 /// Adopts `web` (web:1 x `replicas`) under [`STRATEGY`] with a manager in pause-at-rest mode,
 /// and waits until it says so and holds the Deployment paused at rest.
 async fn adopted_paused_at_rest(env: &Env, replicas: i32) {
-    env.apply(&deployment_yaml("web", "web:1", replicas, false, ROLLING));
-    wait_available(env, "web", replicas).await;
-    env.apply(STRATEGY);
-    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
-    assert_eq!(s.gate, Some(Gate::PauseAtRest));
+    adopt(env, replicas, MIGRATE).await;
+    assert_eq!(env.status("web").await.gate, Some(Gate::PauseAtRest));
     wait_until("paused at rest", Duration::from_secs(20), || async {
         env.paused("web").await.then_some(())
     })
@@ -128,11 +128,8 @@ async fn revision_by(env: &Env, what: &str, change: &[&str]) -> String {
 #[tokio::test]
 async fn kubectl_rollout_restart_undo_set_image_apply_and_gitops_apply_each_run_the_hooks() {
     let env = env_with("rgate-tools", "admission", &[]).await;
-    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
-    wait_available(&env, "web", 2).await;
-    env.apply(STRATEGY);
-    let s = env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
-    assert_eq!(s.gate, Some(Gate::Admission));
+    adopt(&env, 2, MIGRATE).await;
+    assert_eq!(env.status("web").await.gate, Some(Gate::Admission));
     assert!(!env.paused("web").await, "not paused at rest");
     let ns = env.ns.name.clone();
 
@@ -294,17 +291,15 @@ async fn an_ungoverned_deployment_is_never_paused_even_beside_a_strategy() {
 #[tokio::test]
 async fn a_users_resume_while_pre_hooks_run_is_refused_and_nothing_starts() {
     let env = env_with("rgate-hold", "admission", &[]).await;
-    env.apply(&deployment_yaml("web", "web:1", 2, false, ROLLING));
-    wait_available(&env, "web", 2).await;
-    env.apply(&format!(
-        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n",
-        job_hook("m:1", "8s", false)
-    ));
-    let stable = env
-        .wait_phase("web", RolloutPhase::Idle, None, 30)
-        .await
-        .stable_revision
-        .unwrap();
+    let stable = adopt(
+        &env,
+        2,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "8s", false)
+        ),
+    )
+    .await;
     env.set_image("web", "web:2").await;
     env.wait_status("web", "migrate running", 30, |s| {
         s.phase == Some(RolloutPhase::PreHook) && running(s, "migrate")
@@ -344,13 +339,15 @@ async fn a_users_resume_while_pre_hooks_run_is_refused_and_nothing_starts() {
 #[tokio::test]
 async fn the_wait_recipe_waits_for_this_revision_not_the_previous_ready() {
     let env = env_with("rgate-wait", "admission", &[]).await;
-    env.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
-    wait_available(&env, "web", 1).await;
-    env.apply(&format!(
-        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n",
-        job_hook("m:1", "6s", false)
-    ));
-    env.wait_phase("web", RolloutPhase::Idle, None, 30).await;
+    adopt(
+        &env,
+        1,
+        &format!(
+            "  pre: [{{name: migrate, job: {}}}]\n",
+            job_hook("m:1", "6s", false)
+        ),
+    )
+    .await;
     let ns = env.ns.name.clone();
     // Ready is True now, for the revision at rest.
     env.c.kubectl_ok(&[
@@ -490,11 +487,8 @@ async fn auto_falls_back_to_pause_at_rest_when_the_gate_is_not_installed_and_say
 
     // And with the real name, auto finds the gate installed.
     let env2 = env_with("rgate-auto2", "auto", &[]).await;
-    env2.apply(&deployment_yaml("web", "web:1", 1, false, ROLLING));
-    wait_available(&env2, "web", 1).await;
-    env2.apply(STRATEGY);
-    let s = env2.wait_phase("web", RolloutPhase::Idle, None, 30).await;
-    assert_eq!(s.gate, Some(Gate::Admission));
+    adopt(&env2, 1, MIGRATE).await;
+    assert_eq!(env2.status("web").await.gate, Some(Gate::Admission));
     let (_, metrics) = env2.op.http_get("/metrics").await.unwrap();
     assert!(metrics.contains(r#"ballast_gate{mode="admission"} 1"#));
 }
