@@ -60,8 +60,14 @@ impl Machine<'_> {
         }
         if rev == stable {
             if failed && !dep.complete() {
-                // Back to the stable ReplicaSet: let the Deployment controller finish that.
-                if dep.paused {
+                // A status the Deployment controller has not caught up with (our own write
+                // of a moment ago, or someone's pause) says nothing yet: wait for it.
+                if !dep.observed() {
+                    return;
+                }
+                // Back to the stable ReplicaSet: let the Deployment controller finish that,
+                // unless someone else paused it meanwhile.
+                if dep.paused && dep.paused_by_someone_else().is_none() {
                     self.effect(Effect::Unpause);
                 }
                 return;

@@ -1629,6 +1629,35 @@ fn with_the_gate_post_hooks_run_unpaused_and_the_revision_ends_unpaused() {
 }
 
 #[test]
+fn after_a_rollback_an_unobserved_status_or_a_users_pause_is_never_unpaused() {
+    let mut rolled = status(RolloutPhase::RolledBack, vec![]);
+    rolled.current_revision = Some(NEW.into());
+    rolled.stable_revision = Some(OLD.into());
+    // Back on the stable template, not complete yet, and paused by the gate a moment ago:
+    // the Deployment controller has not seen that spec yet.
+    let mut back = rolling_dep(1, true);
+    back.revision = OLD.into();
+    back.generation = 5;
+    back.observed_generation = 4;
+    for gate in [Gate::Admission, Gate::PauseAtRest] {
+        let mut c = Case::new(full(), rolled.clone(), back.clone());
+        c.gate = gate;
+        assert!(c.decide().effects.is_empty(), "{gate:?}");
+    }
+    // Observed: let go, to finish the way back.
+    let mut seen = back.clone();
+    seen.observed_generation = 5;
+    let d = Case::new(full(), rolled.clone(), seen.clone())
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Unpause]);
+    // Unless someone else paused it (`kubectl rollout pause`).
+    seen.paused_by = Some("kubectl".into());
+    let d = Case::new(full(), rolled, seen).admission().decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+}
+
+#[test]
 fn with_the_gate_a_rollback_lets_the_gates_pause_go_and_stays_unpaused() {
     let mut st = status(RolloutPhase::Failed, vec![]);
     st.message = Some("pre hook migrate failed".into());
