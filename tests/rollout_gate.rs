@@ -220,6 +220,116 @@ async fn kubectl_rollout_restart_undo_set_image_apply_and_gitops_apply_each_run_
     }
 }
 
+/// The labels that keep the gate's cost off ungoverned Deployments (config/admission): the
+/// governed Deployment carries `ballast.dev/governed` and keeps it, each strategy is marked
+/// `ballast.dev/target-governed` once its Deployment is labelled or absent, so no strategy is
+/// left for the binding that sees every update of the namespace; and none of that opens a gap:
+/// a Deployment created after its strategy, deleted and created again, or replaced without the
+/// label still has every revision gated, and deleting the strategy takes it all away.
+#[tokio::test]
+async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_still_gated() {
+    let env = env_with("rgate-label", "admission", &[]).await;
+    let ns = env.ns.name.clone();
+    let label = |d: &k8s_openapi::api::apps::v1::Deployment| {
+        d.labels().get("ballast.dev/governed").cloned()
+    };
+    let unmarked = || {
+        env.c.kubectl_ok(&[
+            "get",
+            "rolloutstrategies",
+            "-n",
+            &ns,
+            "-l",
+            "!ballast.dev/target-governed",
+            "-o",
+            "name",
+        ])
+    };
+    adopt(&env, 2, MIGRATE).await;
+    assert_eq!(label(&env.deployment("web").await).as_deref(), Some("true"));
+    // A strategy whose Deployment does not exist yet: marked too (only a create can make it).
+    env.apply(&STRATEGY.replace("name: web}", "name: later}"));
+    wait_until(
+        "both strategies marked",
+        Duration::from_secs(20),
+        || async { unmarked().trim().is_empty().then_some(()) },
+    )
+    .await;
+
+    // Created after its strategy: paused and labelled in its create; hooks before the first pod.
+    env.apply(
+        &deployment_yaml("later", "later:1", 1, false, ROLLING).replace("  paused: false\n", ""),
+    );
+    let d = env.deployment("later").await;
+    assert_eq!(
+        d.spec.as_ref().unwrap().paused,
+        Some(true),
+        "created paused"
+    );
+    assert_eq!(label(&d).as_deref(), Some("true"), "labelled in its create");
+    env.wait_phase("later", RolloutPhase::Succeeded, None, 60)
+        .await;
+
+    // A label dropped by hand comes back in the same write.
+    env.c.kubectl_ok(&[
+        "label",
+        "deployment/web",
+        "ballast.dev/governed-",
+        "-n",
+        &ns,
+    ]);
+    assert_eq!(label(&env.deployment("web").await).as_deref(), Some("true"));
+
+    // `kubectl replace` of a manifest without the label and with a new image: gated.
+    let path = env.c.dir.join(format!("rgate-{ns}.yaml"));
+    std::fs::write(&path, deployment_yaml("web", "web:2", 2, false, ROLLING)).unwrap();
+    let file = path.to_string_lossy().to_string();
+    revision_by(
+        &env,
+        "kubectl replace",
+        &["replace", "-n", &ns, "-f", &file],
+    )
+    .await;
+    assert_eq!(label(&env.deployment("web").await).as_deref(), Some("true"));
+    let _ = std::fs::remove_file(&path);
+
+    // Deleted and created again while its strategy stays marked: gated by the create.
+    env.c
+        .kubectl_ok(&["delete", "deployment/web", "-n", &ns, "--wait=true"]);
+    assert!(unmarked().trim().is_empty(), "still marked: {}", unmarked());
+    let stable = env.status("web").await.stable_revision.unwrap();
+    env.apply(&deployment_yaml("web", "web:3", 2, false, ROLLING).replace("  paused: false\n", ""));
+    let d = env.deployment("web").await;
+    assert_eq!(
+        d.spec.as_ref().unwrap().paused,
+        Some(true),
+        "created again, paused"
+    );
+    assert!(
+        rs_of_image(&env.replica_sets().await, "web:3").is_none(),
+        "no ReplicaSet of the new Deployment before its pre hooks"
+    );
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    let rev = s.current_revision.unwrap();
+    let rs = rs_of_image(&env.replica_sets().await, "web:3")
+        .expect("the ReplicaSet of web:3")
+        .clone();
+    let finished = hook_finished(&env, "migrate", &rev).await;
+    assert!(finished <= ts(&rs.metadata.creation_timestamp) + jiff::SignedDuration::from_secs(1));
+
+    // The strategy deleted: the Deployment is let go, unlabelled and unannotated.
+    env.c
+        .kubectl_ok(&["delete", "rolloutstrategy/web", "-n", &ns, "--wait=true"]);
+    let d = env.deployment("web").await;
+    assert_eq!(label(&d), None, "{:?}", d.labels());
+    assert!(!d.annotations().contains_key("ballast.dev/rollout-strategy"));
+    assert_ne!(d.spec.as_ref().unwrap().paused, Some(true));
+    // And its template changes are no longer paused.
+    env.c
+        .kubectl_ok(&["set", "image", "deployment/web", "app=web:4", "-n", &ns]);
+    assert_ne!(env.deployment("web").await.spec.unwrap().paused, Some(true));
+}
+
 #[tokio::test]
 async fn a_strategy_applied_with_its_deployment_runs_the_pre_hooks_before_the_first_pod() {
     let env = env_with("rgate-first", "admission", &[]).await;
@@ -279,13 +389,13 @@ async fn an_ungoverned_deployment_is_never_paused_even_beside_a_strategy() {
         env.deployment("free").await.spec.unwrap().paused,
         Some(true)
     );
+    let free = env.deployment("free").await;
     assert!(
-        env.deployment("free")
-            .await
-            .annotations()
+        free.annotations()
             .get("ballast.dev/rollout-strategy")
             .is_none()
     );
+    assert!(free.labels().get("ballast.dev/governed").is_none());
 }
 
 #[tokio::test]

@@ -40,7 +40,7 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("updating annotations: {0}")]
+    #[error("updating the annotations or labels of the strategy: {0}")]
     Annotation(#[source] kube::Error),
     #[error("updating status: {0}")]
     Status(#[source] kube::Error),

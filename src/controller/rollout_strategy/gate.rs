@@ -19,14 +19,24 @@
 use crate::api::Gate;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    NamedRuleWithOperations,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
+
+/// On a Deployment governed by a strategy: what the revision gate's cheap bindings select. The
+/// policy keeps it on every Deployment it governs; the operator sets it when it adopts one.
+pub const GOVERNED_LABEL: &str = "ballast.dev/governed";
+/// On a RolloutStrategy: its Deployment carries [`GOVERNED_LABEL`] (or does not exist), so the
+/// binding that evaluates every update of the namespace may leave this strategy out.
+pub const TARGET_GOVERNED_LABEL: &str = "ballast.dev/target-governed";
 
 /// The revision gate as `config/admission` ships it (before kustomize's `namePrefix`).
 const SHIPPED: &str = include_str!("../../../config/admission/revision_gate.yaml");
@@ -58,35 +68,91 @@ pub struct Seen {
     /// The API server serves `mutatingadmissionpolicies` in admissionregistration.k8s.io/v1.
     pub served: bool,
     pub policy: Option<MutatingAdmissionPolicy>,
-    pub binding: Option<MutatingAdmissionPolicyBinding>,
+    /// The installed bindings of [`binding_names`], by name.
+    pub bindings: BTreeMap<String, MutatingAdmissionPolicyBinding>,
 }
 
-fn shipped() -> (MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding) {
+/// The policy, and its bindings with the suffix each adds to the policy's name.
+fn shipped() -> (
+    MutatingAdmissionPolicy,
+    Vec<(String, MutatingAdmissionPolicyBinding)>,
+) {
     let mut docs = serde_yaml::Deserializer::from_str(SHIPPED);
     let policy = docs
         .next()
         .map(MutatingAdmissionPolicy::deserialize)
         .and_then(Result::ok)
         .expect("config/admission/revision_gate.yaml: the policy");
-    let binding = docs
-        .next()
-        .map(MutatingAdmissionPolicyBinding::deserialize)
-        .and_then(Result::ok)
-        .expect("config/admission/revision_gate.yaml: the binding");
-    (policy, binding)
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let bindings = docs
+        .map(|d| {
+            let b = MutatingAdmissionPolicyBinding::deserialize(d)
+                .expect("config/admission/revision_gate.yaml: a binding");
+            let suffix = b
+                .metadata
+                .name
+                .as_deref()
+                .and_then(|n| n.strip_prefix(name.as_str()))
+                .expect("a binding named after its policy")
+                .to_string();
+            (suffix, b)
+        })
+        .collect();
+    (policy, bindings)
+}
+
+/// The names of the policy's bindings as installed, for the policy named `policy_name`.
+pub fn binding_names(policy_name: &str) -> Vec<String> {
+    shipped()
+        .1
+        .into_iter()
+        .map(|(suffix, _)| format!("{policy_name}{suffix}"))
+        .collect()
 }
 
 use serde::Deserialize as _;
 
-/// Why an installed policy or binding is not the one this version expects, if it is not.
-/// Compares what decides the gate's effect (param kind, rules, conditions, mutation, failure
-/// policy, param selection), not what the API server defaults or kustomize renames.
+/// What a binding selects, without what the API server defaults.
+fn normalized(m: Option<MatchResources>) -> MatchResources {
+    let mut m = m.unwrap_or_default();
+    let rules = |r: Option<Vec<NamedRuleWithOperations>>| {
+        let r: Vec<_> = r
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut r| {
+                r.scope = None;
+                r
+            })
+            .collect();
+        (!r.is_empty()).then_some(r)
+    };
+    let selector = |s: Option<LabelSelector>| {
+        let mut s = s.unwrap_or_default();
+        s.match_expressions = s.match_expressions.filter(|e| !e.is_empty());
+        s.match_labels = s.match_labels.filter(|l| !l.is_empty());
+        for e in s.match_expressions.iter_mut().flatten() {
+            e.values = e.values.take().filter(|v| !v.is_empty());
+        }
+        Some(s)
+    };
+    m.resource_rules = rules(m.resource_rules);
+    m.exclude_resource_rules = rules(m.exclude_resource_rules);
+    m.match_policy = Some(m.match_policy.unwrap_or_else(|| "Equivalent".into()));
+    m.namespace_selector = selector(m.namespace_selector);
+    m.object_selector = selector(m.object_selector);
+    m
+}
+
+/// Why an installed policy or its bindings are not the ones this version expects, if they are
+/// not. Compares what decides the gate's effect (param kind, rules, conditions, mutation,
+/// failure policy, what each binding selects), not what the API server defaults or kustomize
+/// renames.
 fn mismatch(
     policy_name: &str,
     policy: &MutatingAdmissionPolicy,
-    binding: &MutatingAdmissionPolicyBinding,
+    bindings: &BTreeMap<String, MutatingAdmissionPolicyBinding>,
 ) -> Option<String> {
-    let (want, want_binding) = shipped();
+    let (want, want_bindings) = shipped();
     let (want, have) = (
         want.spec.unwrap_or_default(),
         policy.spec.clone().unwrap_or_default(),
@@ -119,31 +185,24 @@ fn mismatch(
     if have.failure_policy.as_deref().unwrap_or("Fail") != "Fail" {
         return Some(format!("policy {policy_name} does not fail closed"));
     }
-    let (want_b, have_b) = (
-        want_binding.spec.unwrap_or_default(),
-        binding.spec.clone().unwrap_or_default(),
-    );
-    if have_b.policy_name.as_deref() != Some(policy_name) {
-        return Some(format!("binding {policy_name} binds another policy"));
-    }
-    if have_b.param_ref != want_b.param_ref {
-        return Some(format!(
-            "binding {policy_name} selects other params than every RolloutStrategy of the Deployment's namespace"
-        ));
-    }
-    let narrowed = have_b.match_resources.as_ref().is_some_and(|m| {
-        m.resource_rules.as_ref().is_some_and(|r| !r.is_empty())
-            || m.object_selector
-                .as_ref()
-                .is_some_and(|s| s != &Default::default())
-            || m.namespace_selector
-                .as_ref()
-                .is_some_and(|s| s != &Default::default())
-    });
-    if narrowed {
-        return Some(format!(
-            "binding {policy_name} narrows what the policy matches"
-        ));
+    for (suffix, want_binding) in want_bindings {
+        let name = format!("{policy_name}{suffix}");
+        let Some(binding) = bindings.get(&name) else {
+            return Some(format!("binding {name} is missing"));
+        };
+        let (want_b, have_b) = (
+            want_binding.spec.unwrap_or_default(),
+            binding.spec.clone().unwrap_or_default(),
+        );
+        if have_b.policy_name.as_deref() != Some(policy_name) {
+            return Some(format!("binding {name} binds another policy"));
+        }
+        if have_b.param_ref != want_b.param_ref {
+            return Some(format!("binding {name} selects other RolloutStrategies"));
+        }
+        if normalized(have_b.match_resources) != normalized(want_b.match_resources) {
+            return Some(format!("binding {name} matches other Deployment writes"));
+        }
     }
     None
 }
@@ -169,15 +228,20 @@ pub fn decide(flag: GateFlag, policy_name: &str, seen: &Seen) -> Mode {
                     "the API server does not serve MutatingAdmissionPolicy (admissionregistration.k8s.io/v1)".into(),
                 );
             }
-            let (Some(p), Some(b)) = (&seen.policy, &seen.binding) else {
+            let Some(p) = &seen.policy else {
                 return fallback(format!(
-                    "the revision gate (MutatingAdmissionPolicy and binding {policy_name}, from config/admission) is not installed"
+                    "the revision gate (MutatingAdmissionPolicy {policy_name} and its bindings, from config/admission) is not installed"
                 ));
             };
-            if p.metadata.deletion_timestamp.is_some() || b.metadata.deletion_timestamp.is_some() {
+            if p.metadata.deletion_timestamp.is_some()
+                || seen
+                    .bindings
+                    .values()
+                    .any(|b| b.metadata.deletion_timestamp.is_some())
+            {
                 return fallback(format!("the revision gate {policy_name} is being deleted"));
             }
-            match mismatch(policy_name, p, b) {
+            match mismatch(policy_name, p, &seen.bindings) {
                 Some(why) => fallback(format!(
                     "{why} than this version of ballast installs (config/admission)"
                 )),
@@ -241,8 +305,20 @@ impl Gates {
         if seen.served {
             let policies: Api<MutatingAdmissionPolicy> = Api::all(client.clone());
             let bindings: Api<MutatingAdmissionPolicyBinding> = Api::all(client.clone());
-            match futures::try_join!(policies.get_opt(policy_name), bindings.get_opt(policy_name)) {
-                Ok((p, b)) => (seen.policy, seen.binding) = (p, b),
+            let names = binding_names(policy_name);
+            let read = futures::try_join!(
+                policies.get_opt(policy_name),
+                futures::future::try_join_all(names.iter().map(|n| bindings.get_opt(n)))
+            );
+            match read {
+                Ok((p, b)) => {
+                    seen.policy = p;
+                    seen.bindings = names
+                        .into_iter()
+                        .zip(b)
+                        .filter_map(|(n, b)| Some((n, b?)))
+                        .collect();
+                }
                 // Not allowed to read them (an older config/rbac): unknown is not installed.
                 Err(kube::Error::Api(s)) if s.code == 403 => {
                     mode = Some(Mode {
@@ -296,7 +372,7 @@ fn log(mode: &Mode) {
     }
 }
 
-/// Watches the policy and the binding (by name) and publishes each change of mode.
+/// Watches the policy and its bindings (by name) and publishes each change of mode.
 async fn follow(
     client: Client,
     name: String,
@@ -304,22 +380,35 @@ async fn follow(
     tx: Arc<watch::Sender<Mode>>,
     shutdown: crate::controller::ShutdownSignal,
 ) {
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
     let policies = watcher(
         Api::<MutatingAdmissionPolicy>::all(client.clone()),
-        cfg.clone(),
+        by_name(&name),
     )
     .default_backoff()
-    .map(|e| e.map(Change::Policy));
-    let bindings = watcher(Api::<MutatingAdmissionPolicyBinding>::all(client), cfg)
+    .map(|e| e.map(Change::Policy))
+    .boxed();
+    let bindings = binding_names(&name).into_iter().map(|n| {
+        watcher(
+            Api::<MutatingAdmissionPolicyBinding>::all(client.clone()),
+            by_name(&n),
+        )
         .default_backoff()
-        .map(|e| e.map(Change::Binding));
-    let mut events =
-        std::pin::pin!(futures::stream::select(policies, bindings).take_until(shutdown));
+        .map(move |e| e.map(|e| Change::Binding(n.clone(), e)))
+        .boxed()
+    });
+    let all = futures::stream::select_all(std::iter::once(policies).chain(bindings));
+    let mut events = std::pin::pin!(all.take_until(shutdown));
     while let Some(ev) = events.next().await {
         match ev {
             Ok(Change::Policy(e)) => apply(&mut seen.policy, e),
-            Ok(Change::Binding(e)) => apply(&mut seen.binding, e),
+            Ok(Change::Binding(n, e)) => {
+                let mut slot = seen.bindings.remove(&n);
+                apply(&mut slot, e);
+                if let Some(b) = slot {
+                    seen.bindings.insert(n, b);
+                }
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "watching the revision gate");
                 continue;
@@ -339,7 +428,7 @@ async fn follow(
 
 enum Change {
     Policy(watcher::Event<MutatingAdmissionPolicy>),
-    Binding(watcher::Event<MutatingAdmissionPolicyBinding>),
+    Binding(String, watcher::Event<MutatingAdmissionPolicyBinding>),
 }
 
 /// Folds one watch event of a single named object into what is known of it.
@@ -356,19 +445,36 @@ fn apply<K>(slot: &mut Option<K>, ev: watcher::Event<K>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicyBindingSpec;
 
     fn installed() -> Seen {
-        let (mut p, mut b) = shipped();
+        let (mut p, bindings) = shipped();
         p.metadata.name = Some(DEFAULT_POLICY_NAME.into());
-        b.metadata.name = Some(DEFAULT_POLICY_NAME.into());
-        if let Some(s) = b.spec.as_mut() {
-            s.policy_name = Some(DEFAULT_POLICY_NAME.into());
-        }
+        let bindings = bindings
+            .into_iter()
+            .map(|(suffix, mut b)| {
+                let name = format!("{DEFAULT_POLICY_NAME}{suffix}");
+                b.metadata.name = Some(name.clone());
+                if let Some(s) = b.spec.as_mut() {
+                    s.policy_name = Some(DEFAULT_POLICY_NAME.into());
+                }
+                (name, b)
+            })
+            .collect();
         Seen {
             served: true,
             policy: Some(p),
-            binding: Some(b),
+            bindings,
         }
+    }
+
+    fn binding<'a>(s: &'a mut Seen, suffix: &str) -> &'a mut MutatingAdmissionPolicyBindingSpec {
+        s.bindings
+            .get_mut(&format!("{DEFAULT_POLICY_NAME}{suffix}"))
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
     }
 
     #[test]
@@ -388,10 +494,30 @@ mod tests {
         assert!(m.reason.contains("does not serve"), "{}", m.reason);
 
         let mut s = installed();
-        s.binding = None;
+        s.policy = None;
         let m = decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &s);
         assert_eq!(m.gate, Gate::PauseAtRest);
         assert!(m.reason.contains("not installed"), "{}", m.reason);
+
+        assert_eq!(
+            binding_names(DEFAULT_POLICY_NAME),
+            [
+                "ballast-revision-gate",
+                "ballast-revision-gate-governed",
+                "ballast-revision-gate-adopting"
+            ]
+        );
+        for name in binding_names(DEFAULT_POLICY_NAME) {
+            let mut s = installed();
+            s.bindings.remove(&name);
+            let m = decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &s);
+            assert_eq!(m.gate, Gate::PauseAtRest);
+            assert!(
+                m.reason.contains(&format!("{name} is missing")),
+                "{}",
+                m.reason
+            );
+        }
     }
 
     #[test]
@@ -421,10 +547,27 @@ mod tests {
         assert!(m.reason.contains("matchConditions"), "{}", m.reason);
 
         let mut s = installed();
-        s.binding.as_mut().unwrap().spec.as_mut().unwrap().param_ref = None;
+        binding(&mut s, "-governed").param_ref = None;
         assert_eq!(
             decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &s).gate,
             Gate::PauseAtRest
+        );
+
+        // A binding that selects fewer writes (here: only one namespace) leaves some unhooked.
+        let mut s = installed();
+        binding(&mut s, "-adopting")
+            .match_resources
+            .as_mut()
+            .unwrap()
+            .namespace_selector = Some(LabelSelector {
+            match_labels: Some([("team".to_string(), "a".to_string())].into()),
+            ..Default::default()
+        });
+        let m = decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &s);
+        assert!(
+            m.reason.contains("matches other Deployment writes"),
+            "{}",
+            m.reason
         );
 
         // What the API server defaults does not count as a difference.
@@ -445,10 +588,52 @@ mod tests {
         {
             r.scope = Some("*".into());
         }
-        assert_eq!(
-            decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &s).gate,
-            Gate::Admission
-        );
+        let m = binding(&mut s, "-governed")
+            .match_resources
+            .as_mut()
+            .unwrap();
+        m.match_policy = Some("Equivalent".into());
+        m.namespace_selector = Some(LabelSelector::default());
+        for r in m.resource_rules.iter_mut().flatten() {
+            r.scope = Some("*".into());
+        }
+        let m = decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &s);
+        assert_eq!(m.gate, Gate::Admission, "{}", m.reason);
+    }
+
+    /// `auto` reads the policy and each binding by name: the ClusterRole must name them all, or
+    /// the read is refused and `auto` falls back for good.
+    #[test]
+    fn the_manager_may_read_the_policy_and_every_binding() {
+        let role: serde_yaml::Value =
+            serde_yaml::from_str(include_str!("../../../config/rbac/role.yaml")).unwrap();
+        let names = |resource: &str| -> Vec<String> {
+            role["rules"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .filter(|r| {
+                    r["resources"]
+                        .as_sequence()
+                        .is_some_and(|rs| rs.iter().any(|x| x.as_str() == Some(resource)))
+                })
+                .flat_map(|r| {
+                    r["resourceNames"]
+                        .as_sequence()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect()
+        };
+        assert_eq!(names("mutatingadmissionpolicies"), [DEFAULT_POLICY_NAME]);
+        let readable = names("mutatingadmissionpolicybindings");
+        for b in binding_names(DEFAULT_POLICY_NAME) {
+            assert!(
+                readable.contains(&b),
+                "config/rbac/role.yaml: {b} in {readable:?}"
+            );
+        }
     }
 
     #[test]

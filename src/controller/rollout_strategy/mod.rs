@@ -414,6 +414,7 @@ fn decide(
         live_pods: &observed.live_pods,
         rejected,
         gate: st.gates.current().gate,
+        target_marked: strategy.labels().contains_key(gate::TARGET_GOVERNED_LABEL),
     })
 }
 
@@ -646,6 +647,24 @@ async fn perform(
             write::delete_job(client, &ns, job).await?;
             metrics.count_write(CONTROLLER, "Job", "deleted");
             return Ok(());
+        }
+        Effect::MarkTarget(covered) => {
+            // "Covered" because the cache shows no Deployment: only a fresh read may say so
+            // (one created a moment before the strategy, which the cache has not seen yet,
+            // would be left without the gate). One created after this read is a create,
+            // which the gate covers whatever the mark says.
+            if *covered && observed.deployment.is_none() {
+                let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+                if deployments
+                    .get_metadata_opt(target)
+                    .await
+                    .map_err(Error::Deployment)?
+                    .is_some()
+                {
+                    return Err(Error::Conflict);
+                }
+            }
+            return write::mark_target(client, &ns, &strategy.name_any(), *covered).await;
         }
         Effect::RemoveAnnotation(key) => {
             let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns);

@@ -73,6 +73,8 @@ pub struct DeploymentView {
     pub replica_sets: Vec<ReplicaSetView>,
     /// The Deployment's `ballast.dev/*` annotations.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// The Deployment carries [`super::gate::GOVERNED_LABEL`].
+    pub governed_label: bool,
     /// The field manager that set `spec.paused`, if the API server credits one (a change made
     /// by admission, such as the revision gate's, is credited to nobody).
     pub paused_by: Option<String>,
@@ -202,6 +204,7 @@ impl DeploymentView {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             paused_by: paused_by(d),
+            governed_label: d.labels().contains_key(super::gate::GOVERNED_LABEL),
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The only place the RolloutStrategy controller writes: `spec.paused` of the target Deployment
 //! by server-side apply with the field manager `ballast.dev/rollout-strategy` (the operator
 //! owns that field), its replicas and (on rollback) its template by JSON patches guarded by a
-//! test, hook Jobs (create — an existing one is adopted —, delete), and the strategy's own
-//! annotations once acted on.
+//! test, hook Jobs (create — an existing one is adopted —, delete), the Deployment's
+//! annotations and [`GOVERNED_LABEL`], and the strategy's own annotations once acted on and its
+//! [`TARGET_GOVERNED_LABEL`].
 
 use super::error::Error;
+use super::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
 use super::machine::{PHASE_ANNOTATION, STRATEGY_ANNOTATION};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -35,8 +37,6 @@ pub fn refused(e: &kube::Error) -> Option<(u16, String)> {
 fn deployment_error(e: kube::Error) -> Error {
     match e {
         kube::Error::Api(s) if s.code == 409 => Error::Conflict,
-        // A failed `test` of our resourceVersion guard: the Deployment moved; decide again.
-        kube::Error::Api(s) if s.code == 422 && s.message.contains("test") => Error::Conflict,
         // Our own unpause, refused by the revision hold: not a refusal for good (backoff).
         kube::Error::Api(s) if s.message.contains("is held by RolloutStrategy") => {
             Error::Held(s.message)
@@ -109,7 +109,8 @@ async fn apply_paused(
 }
 
 /// Names the governing strategy and its phase on the Deployment (a merge patch of two
-/// annotations, so `kubectl describe deploy` tells who holds it and why).
+/// annotations, so `kubectl describe deploy` tells who holds it and why), and labels it
+/// [`GOVERNED_LABEL`] for the revision gate.
 pub async fn annotate(
     client: &Client,
     ns: &str,
@@ -117,10 +118,13 @@ pub async fn annotate(
     strategy: &str,
     phase: crate::api::RolloutPhase,
 ) -> Result<(), Error> {
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        STRATEGY_ANNOTATION: strategy,
-        PHASE_ANNOTATION: super::machine::phase_name(phase),
-    }}});
+    let patch = serde_json::json!({"metadata": {
+        "annotations": {
+            STRATEGY_ANNOTATION: strategy,
+            PHASE_ANNOTATION: super::machine::phase_name(phase),
+        },
+        "labels": {GOVERNED_LABEL: "true"},
+    }});
     merge_annotations(client, ns, name, &patch).await
 }
 
@@ -130,10 +134,10 @@ pub async fn remove_deployment_annotations(
     ns: &str,
     name: &str,
 ) -> Result<(), Error> {
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        STRATEGY_ANNOTATION: null,
-        PHASE_ANNOTATION: null,
-    }}});
+    let patch = serde_json::json!({"metadata": {
+        "annotations": {STRATEGY_ANNOTATION: null, PHASE_ANNOTATION: null},
+        "labels": {GOVERNED_LABEL: null},
+    }});
     match merge_annotations(client, ns, name, &patch).await {
         Err(Error::Deployment(kube::Error::Api(s))) if s.code == 404 => Ok(()),
         r => r,
@@ -225,6 +229,28 @@ pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<(), Err
             job: name.into(),
             source: e,
         }),
+    }
+}
+
+/// Sets or removes the strategy's [`TARGET_GOVERNED_LABEL`] (a merge patch; repeated, the
+/// same).
+pub async fn mark_target(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    covered: bool,
+) -> Result<(), Error> {
+    let api: Api<crate::api::RolloutStrategy> = Api::namespaced(client.clone(), ns);
+    let value = covered.then_some("true");
+    let patch = serde_json::json!({"metadata": {"labels": {TARGET_GOVERNED_LABEL: value}}});
+    match api
+        .patch(name, &update_params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: nothing to mark.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::Annotation(e)),
     }
 }
 

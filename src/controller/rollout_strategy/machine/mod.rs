@@ -47,9 +47,14 @@ pub enum Effect {
     /// Remove an annotation of the strategy once acted on.
     RemoveAnnotation(&'static str),
     /// Say on the Deployment which strategy governs it and the phase it is in
-    /// ([`STRATEGY_ANNOTATION`], [`PHASE_ANNOTATION`]).
+    /// ([`STRATEGY_ANNOTATION`], [`PHASE_ANNOTATION`]), and label it [`GOVERNED_LABEL`].
     Annotate(RolloutPhase),
+    /// Set (`true`) or remove the strategy's [`TARGET_GOVERNED_LABEL`]: whether the revision
+    /// gate's cheap bindings cover its Deployment, so the costly one may leave the strategy out.
+    MarkTarget(bool),
 }
+
+pub use crate::controller::rollout_strategy::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
 
 /// On a governed Deployment: the RolloutStrategy that governs it.
 pub const STRATEGY_ANNOTATION: &str = "ballast.dev/rollout-strategy";
@@ -81,6 +86,10 @@ impl Effect {
             Effect::RemoveAnnotation(a) => format!("removing annotation {a}"),
             Effect::Annotate(p) => {
                 format!("annotating the Deployment with phase {}", phase_name(*p))
+            }
+            Effect::MarkTarget(true) => format!("labelling the strategy {TARGET_GOVERNED_LABEL}"),
+            Effect::MarkTarget(false) => {
+                format!("removing the strategy's label {TARGET_GOVERNED_LABEL}")
             }
         }
     }
@@ -157,6 +166,8 @@ pub struct Input<'a> {
     pub rejected: Option<&'a Rejection>,
     /// How the Deployment is held while hooks run ([`Gate`]).
     pub gate: Gate,
+    /// The strategy carries [`TARGET_GOVERNED_LABEL`].
+    pub target_marked: bool,
 }
 
 /// How a revision's sequence starts.
@@ -397,6 +408,7 @@ impl<'a> Machine<'a> {
             self.record_generation(dep);
             self.annotate(dep, phase);
         }
+        self.mark_target();
         let c = &mut self.st.conditions;
         for (kind, on) in [
             ("Ready", ready),
@@ -409,7 +421,10 @@ impl<'a> Machine<'a> {
         }
         let mut d = self.d;
         d.status = self.st;
-        let only_annotations = d.effects.iter().all(|e| matches!(e, Effect::Annotate(_)));
+        let only_annotations = d
+            .effects
+            .iter()
+            .all(|e| matches!(e, Effect::Annotate(_) | Effect::MarkTarget(_)));
         if only_annotations && d.status == *self.i.status {
             let m = Machine {
                 i: self.i,
@@ -434,13 +449,27 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Keeps the Deployment's annotations naming this strategy and its phase.
+    /// Keeps the Deployment's annotations naming this strategy and its phase, and its label.
     fn annotate(&mut self, dep: &DeploymentView, phase: RolloutPhase) {
         let name = phase_name(phase);
         if dep.annotation(STRATEGY_ANNOTATION) != Some(self.i.name)
             || dep.annotation(PHASE_ANNOTATION) != Some(name)
+            || !dep.governed_label
         {
             self.effect(Effect::Annotate(phase));
+        }
+    }
+
+    /// Keeps [`TARGET_GOVERNED_LABEL`] on the strategy true: set once every write that could
+    /// start a revision of its Deployment is covered without it (the Deployment carries
+    /// [`GOVERNED_LABEL`], or does not exist, so only a create can make it), removed while the
+    /// Deployment exists without the label. Whoever governs the Deployment (this strategy or
+    /// an older one) labels it; a strategy standing aside is marked all the same, so it costs
+    /// the namespace's other Deployments nothing either.
+    fn mark_target(&mut self) {
+        let covered = self.i.deployment.is_none_or(|d| d.governed_label);
+        if covered != self.i.target_marked {
+            self.effect(Effect::MarkTarget(covered));
         }
     }
 }

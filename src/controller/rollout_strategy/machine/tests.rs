@@ -53,6 +53,7 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
         ready_replicas: 4,
         available_replicas: 4,
         annotations: Default::default(),
+        governed_label: false,
         paused_by: paused.then(|| crate::k8s::ROLLOUT_STRATEGY_MANAGER.to_string()),
         replica_sets: vec![ReplicaSetView {
             name: format!("web-{rev}"),
@@ -182,6 +183,7 @@ struct Case<'a> {
     rejected: Option<Rejection>,
     now: i64,
     gate: Gate,
+    target_marked: bool,
 }
 
 impl<'a> Case<'a> {
@@ -198,6 +200,7 @@ impl<'a> Case<'a> {
             rejected: None,
             now: 20,
             gate: Gate::PauseAtRest,
+            target_marked: false,
         }
     }
 
@@ -217,10 +220,11 @@ impl<'a> Case<'a> {
         self
     }
 
-    /// The decision, without the annotations of the Deployment (tested on their own).
+    /// The decision, without the annotations and labels (tested on their own).
     fn decide(&self) -> Decision {
         let mut d = self.decide_all();
-        d.effects.retain(|e| !matches!(e, Effect::Annotate(_)));
+        d.effects
+            .retain(|e| !matches!(e, Effect::Annotate(_) | Effect::MarkTarget(_)));
         d
     }
 
@@ -239,6 +243,7 @@ impl<'a> Case<'a> {
             live_pods: &self.live_pods,
             rejected: self.rejected.as_ref(),
             gate: self.gate,
+            target_marked: self.target_marked,
         })
     }
 }
@@ -1677,7 +1682,7 @@ fn with_the_gate_a_rollback_lets_the_gates_pause_go_and_stays_unpaused() {
 }
 
 #[test]
-fn the_deployment_is_annotated_with_its_strategy_and_phase() {
+fn the_deployment_is_annotated_with_its_strategy_and_phase_and_labelled_governed() {
     let c = Case::new(full(), at_rest(OLD), dep(NEW, true));
     let d = c.decide_all();
     assert_eq!(d.effects, [Effect::Annotate(RolloutPhase::PreHook)]);
@@ -1687,9 +1692,22 @@ fn the_deployment_is_annotated_with_its_strategy_and_phase() {
         (PHASE_ANNOTATION.to_string(), "PreHook".to_string()),
     ]
     .into();
-    let d = Case::new(full(), d.status.clone(), annotated).decide_all();
+    // Annotated but not labelled (`kubectl label ... ballast.dev/governed-` without the gate):
+    // written again.
+    let d = Case::new(full(), d.status.clone(), annotated.clone()).decide_all();
     assert!(
-        !d.effects.contains(&Effect::Annotate(RolloutPhase::PreHook)),
+        d.effects.contains(&Effect::Annotate(RolloutPhase::PreHook)),
+        "{:?}",
+        d.effects
+    );
+    annotated.governed_label = true;
+    let mut c = Case::new(full(), d.status.clone(), annotated);
+    c.target_marked = true;
+    let d = c.decide_all();
+    assert!(
+        !d.effects
+            .iter()
+            .any(|e| matches!(e, Effect::Annotate(_) | Effect::MarkTarget(_))),
         "{:?}",
         d.effects
     );
@@ -1697,6 +1715,37 @@ fn the_deployment_is_annotated_with_its_strategy_and_phase() {
     let mut c = Case::new(full(), Default::default(), dep(OLD, true));
     c.governed_by = Some("older");
     assert!(c.decide_all().effects.is_empty());
+}
+
+#[test]
+fn the_strategy_is_marked_once_its_deployment_is_labelled_or_absent() {
+    let mut labelled = dep(OLD, false);
+    labelled.governed_label = true;
+    let marks = |c: &Case| -> Vec<Effect> {
+        c.decide_all()
+            .effects
+            .into_iter()
+            .filter(|e| matches!(e, Effect::MarkTarget(_)))
+            .collect()
+    };
+    // Labelled: marked, so the binding that sees every update may leave it out.
+    let c = Case::new(full(), at_rest(OLD), labelled.clone()).admission();
+    assert_eq!(marks(&c), [Effect::MarkTarget(true)]);
+    // Not labelled (yet): not marked; a mark left from before is removed.
+    let mut c = Case::new(full(), at_rest(OLD), dep(OLD, false)).admission();
+    assert!(marks(&c).is_empty());
+    c.target_marked = true;
+    assert_eq!(marks(&c), [Effect::MarkTarget(false)]);
+    // No Deployment: only a create can make one, which the gate covers anyway.
+    let mut c = Case::new(full(), Default::default(), dep(OLD, false));
+    c.dep = None;
+    assert_eq!(marks(&c), [Effect::MarkTarget(true)]);
+    c.target_marked = true;
+    assert!(c.decide_all().effects.is_empty());
+    // A strategy standing aside is marked too (the older one labels the Deployment).
+    let mut c = Case::new(full(), Default::default(), labelled);
+    c.governed_by = Some("older");
+    assert_eq!(c.decide_all().effects, [Effect::MarkTarget(true)]);
 }
 
 #[test]
