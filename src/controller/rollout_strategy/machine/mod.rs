@@ -462,12 +462,19 @@ impl<'a> Machine<'a> {
 
     /// Keeps [`TARGET_GOVERNED_LABEL`] on the strategy true: set once every write that could
     /// start a revision of its Deployment is covered without it (the Deployment carries
-    /// [`GOVERNED_LABEL`], or does not exist, so only a create can make it), removed while the
+    /// [`GOVERNED_LABEL`], or gets it from an earlier effect of this decision, or does not
+    /// exist, so only a create can make it), removed while the
     /// Deployment exists without the label. Whoever governs the Deployment (this strategy or
     /// an older one) labels it; a strategy standing aside is marked all the same, so it costs
     /// the namespace's other Deployments nothing either.
     fn mark_target(&mut self) {
-        let covered = self.i.deployment.is_none_or(|d| d.governed_label);
+        // Labelled by this very decision: the mark follows that write, which must succeed first.
+        let labelling = self
+            .d
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Annotate(_)));
+        let covered = labelling || self.i.deployment.is_none_or(|d| d.governed_label);
         if covered != self.i.target_marked {
             self.effect(Effect::MarkTarget(covered));
         }

@@ -1685,7 +1685,14 @@ fn with_the_gate_a_rollback_lets_the_gates_pause_go_and_stays_unpaused() {
 fn the_deployment_is_annotated_with_its_strategy_and_phase_and_labelled_governed() {
     let c = Case::new(full(), at_rest(OLD), dep(NEW, true));
     let d = c.decide_all();
-    assert_eq!(d.effects, [Effect::Annotate(RolloutPhase::PreHook)]);
+    // Labelled, then marked, in that order (a failed label write stops before the mark).
+    assert_eq!(
+        d.effects,
+        [
+            Effect::Annotate(RolloutPhase::PreHook),
+            Effect::MarkTarget(true)
+        ]
+    );
     let mut annotated = dep(NEW, true);
     annotated.annotations = [
         (STRATEGY_ANNOTATION.to_string(), "web".to_string()),
@@ -1731,8 +1738,22 @@ fn the_strategy_is_marked_once_its_deployment_is_labelled_or_absent() {
     // Labelled: marked, so the binding that sees every update may leave it out.
     let c = Case::new(full(), at_rest(OLD), labelled.clone()).admission();
     assert_eq!(marks(&c), [Effect::MarkTarget(true)]);
-    // Not labelled (yet): not marked; a mark left from before is removed.
-    let mut c = Case::new(full(), at_rest(OLD), dep(OLD, false)).admission();
+    // Not labelled: labelled and marked in one decision, the label first.
+    let c = Case::new(full(), at_rest(OLD), dep(OLD, false)).admission();
+    let d = c.decide_all();
+    let annotate = d
+        .effects
+        .iter()
+        .position(|e| matches!(e, Effect::Annotate(_)));
+    let mark = d
+        .effects
+        .iter()
+        .position(|e| *e == Effect::MarkTarget(true));
+    assert!(annotate.is_some() && annotate < mark, "{:?}", d.effects);
+    // Not labelled and governed by an older strategy (which will label it): not marked; a mark
+    // left from before is removed.
+    let mut c = Case::new(full(), Default::default(), dep(OLD, false));
+    c.governed_by = Some("older");
     assert!(marks(&c).is_empty());
     c.target_marked = true;
     assert_eq!(marks(&c), [Effect::MarkTarget(false)]);
