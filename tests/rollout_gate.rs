@@ -330,6 +330,46 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
     assert_ne!(env.deployment("web").await.spec.unwrap().paused, Some(true));
 }
 
+/// Before the operator has ever seen a strategy (it is down, or a moment after the strategy's
+/// creation), the strategy is not marked `ballast.dev/target-governed`, and the binding for
+/// unlabelled Deployments gates its existing Deployment: nothing depends on the operator.
+#[tokio::test]
+async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
+    let c = support::cluster().await;
+    let ns = support::TestNamespace::new(&c, "rgate-down").await;
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(c.client.clone(), &ns.name);
+    c.apply_yaml(
+        &ns.name,
+        &deployment_yaml("web", "web:1", 1, false, ROLLING),
+    );
+    c.apply_yaml(&ns.name, STRATEGY);
+    let d = deployments.get("web").await.unwrap();
+    assert!(
+        d.labels().get("ballast.dev/governed").is_none(),
+        "nobody labelled it"
+    );
+    assert_ne!(d.spec.as_ref().unwrap().paused, Some(true));
+    for image in ["app=web:2", "app=web:3"] {
+        c.kubectl_ok(&["set", "image", "deployment/web", image, "-n", &ns.name]);
+        let d = deployments.get("web").await.unwrap();
+        assert_eq!(
+            d.spec.as_ref().unwrap().paused,
+            Some(true),
+            "{image}: paused"
+        );
+        assert_eq!(
+            d.labels().get("ballast.dev/governed").map(String::as_str),
+            Some("true"),
+            "{image}: labelled by the gate"
+        );
+    }
+    // No ReplicaSet of either new template: both wait for the operator.
+    let rss: kube::Api<ReplicaSet> = kube::Api::namespaced(c.client.clone(), &ns.name);
+    let rss = rss.list(&Default::default()).await.unwrap().items;
+    assert!(rs_of_image(&rss, "web:2").is_none() && rs_of_image(&rss, "web:3").is_none());
+}
+
 #[tokio::test]
 async fn a_strategy_applied_with_its_deployment_runs_the_pre_hooks_before_the_first_pod() {
     let env = env_with("rgate-first", "admission", &[]).await;
