@@ -370,6 +370,53 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
     assert!(rs_of_image(&rss, "web:2").is_none() && rs_of_image(&rss, "web:3").is_none());
 }
 
+/// `kubectl rollout pause` while a revision rolls out is the user's: ballast leaves the
+/// Deployment paused and says who paused it, and goes on after `kubectl rollout resume`.
+#[tokio::test]
+async fn a_users_rollout_pause_while_rolling_is_left_alone_until_resumed() {
+    let env = env_with("rgate-upause", "admission", &[]).await;
+    let ns = env.ns.name.clone();
+    let stable = adopt(&env, 4, MIGRATE).await;
+    // Each new pod needs 5 s to count as available: a rollout of 4 takes about 20 s.
+    env.c.kubectl_ok(&[
+        "patch",
+        "deployment/web",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"minReadySeconds": 5}}"#,
+    ]);
+    env.c
+        .kubectl_ok(&["set", "image", "deployment/web", "app=web:2", "-n", &ns]);
+    env.wait_phase("web", RolloutPhase::Rolling, None, 60).await;
+    env.c
+        .kubectl_ok(&["rollout", "pause", "deployment/web", "-n", &ns]);
+    let s = env
+        .wait_status("web", "pausedBy", 20, |s| s.paused_by.is_some())
+        .await;
+    assert_eq!(s.phase, Some(RolloutPhase::Rolling));
+    assert_eq!(
+        s.paused_by.as_deref(),
+        Some("kubectl-rollout"),
+        "{:?}",
+        s.message
+    );
+    // It stays paused: ballast does not undo it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(env.paused("web").await, "still paused");
+    let updated = env.deployment("web").await.status.unwrap().updated_replicas;
+    assert!(
+        updated < Some(4),
+        "the rollout stopped where it was paused: {updated:?}"
+    );
+    env.c
+        .kubectl_ok(&["rollout", "resume", "deployment/web", "-n", &ns]);
+    let s = env.wait_succeeded_after("web", &stable, 90).await;
+    assert_eq!(s.paused_by, None);
+    wait_available(&env, "web", 4).await;
+}
+
 #[tokio::test]
 async fn a_strategy_applied_with_its_deployment_runs_the_pre_hooks_before_the_first_pod() {
     let env = env_with("rgate-first", "admission", &[]).await;

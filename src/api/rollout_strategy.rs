@@ -546,6 +546,12 @@ pub struct RolloutStrategyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 
+    /// The field manager (e.g. `kubectl-rollout`) that paused the Deployment while its revision
+    /// was rolling out. ballast leaves that pause alone, and `progressDeadlineSeconds` counts
+    /// again from the resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_by: Option<String>,
+
     /// The latest run of each hook for the current revision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<HookStatus>,
@@ -554,6 +560,11 @@ pub struct RolloutStrategyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown_object_schema")]
     pub stable_template: Option<serde_json::Value>,
+
+    /// Bookkeeping for the operator: the revision it has let roll out (unpaused once its pre
+    /// hooks passed). A pause by someone else after that is theirs, and left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_revision: Option<String>,
 
     /// Bookkeeping for the operator: the Deployment's `spec.replicas` when the current rollout
     /// began.

@@ -248,6 +248,7 @@ impl Machine<'_> {
         self.st.hooks.clear();
         self.st.attempt_offset = offset;
         self.st.current_hook = None;
+        self.st.released_revision = None;
         self.set_phase(RolloutPhase::PreHook);
         self.st.message = Some(format!("revision {revision}: pre hooks"));
     }

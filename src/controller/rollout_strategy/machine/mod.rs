@@ -278,6 +278,8 @@ impl<'a> Machine<'a> {
         if self.st.phase != Some(p) {
             self.st.phase = Some(p);
             self.st.phase_transition_time = Some(Time(self.now()));
+            // Said of the rolling phase only.
+            self.st.paused_by = None;
         }
     }
 

@@ -6,6 +6,7 @@ use super::{CANCELLED, Effect, Machine, Run};
 use crate::api::rollout_strategy::progress_point;
 use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, RolloutPhase};
 use jiff::SignedDuration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 impl Machine<'_> {
     pub(super) fn progress(&mut self, dep: &DeploymentView) {
@@ -140,9 +141,42 @@ impl Machine<'_> {
                 return;
             }
         }
+        // `kubectl rollout pause` while the revision rolls out: left alone, as Kubernetes
+        // does, and not counted against the deadline. Only once ballast has let the revision
+        // go (a pause it finds before that, such as one from a manifest that says `paused:
+        // true`, is the revision's own and let go with it), and only when the Deployment was
+        // written since the last decision: a cache that still shows the pause let go a moment
+        // ago has the generation recorded then.
+        let released = self.st.released_revision.as_deref() == Some(dep.revision.as_str());
+        if let Some(who) = dep.paused_by_someone_else()
+            && released
+            && (self.st.paused_by.is_some()
+                || self
+                    .st
+                    .deployment_generation
+                    .is_none_or(|g| dep.generation > g))
+        {
+            self.st.paused_by = Some(who.to_string());
+            self.st.message = Some(format!(
+                "revision {}: paused by {who} while rolling out; ballast goes on after `kubectl rollout resume`",
+                dep.revision
+            ));
+            return;
+        }
+        if dep.paused && dep.paused_by_someone_else().is_some() && released {
+            // The pause let go, as the cache still shows it: wait for the cache.
+            return;
+        }
         if dep.paused {
+            self.st.released_revision = Some(dep.revision.clone());
             self.effect(Effect::Unpause);
             return;
+        }
+        self.st.released_revision = Some(dep.revision.clone());
+        if self.st.paused_by.take().is_some() {
+            // Resumed: the deadline counts from now.
+            self.st.phase_transition_time = Some(Time(self.now()));
+            self.st.message = Some(format!("revision {}: rolling out", dep.revision));
         }
         match next_mid {
             Some(h) if !dep.recreate => {

@@ -698,8 +698,23 @@ fn after_the_pre_hooks_the_deployment_is_unpaused() {
     let d = Case::new(full(), st, dep(NEW, true)).decide();
     assert_eq!(phase(&d), RolloutPhase::Rolling);
     assert!(d.effects.is_empty(), "recorded first");
-    let d = Case::new(full(), d.status, rolling_dep(0, true)).decide();
-    assert_eq!(d.effects, [Effect::Unpause]);
+    let rolling = d.status;
+    // Whoever paused it (the gate, or a manifest that says `paused: true`), it is let go.
+    let mut manifest = rolling_dep(0, true);
+    manifest.paused_by = Some("kubectl-client-side-apply".into());
+    for dep in [rolling_dep(0, true), manifest.clone()] {
+        let d = Case::new(full(), rolling.clone(), dep).decide();
+        assert_eq!(d.effects, [Effect::Unpause]);
+        assert_eq!(d.status.released_revision.as_deref(), Some(NEW));
+        assert_eq!(d.status.paused_by, None);
+    }
+    // The cache has not seen that unpause yet (the generation recorded with it): wait, and do
+    // not take the pause let go for someone's new one.
+    let mut released = Case::new(full(), rolling, manifest.clone()).decide().status;
+    released.deployment_generation = Some(manifest.generation);
+    let d = Case::new(full(), released, manifest).decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+    assert_eq!(d.status.paused_by, None);
 }
 
 #[test]
@@ -1660,6 +1675,44 @@ fn after_a_rollback_an_unobserved_status_or_a_users_pause_is_never_unpaused() {
     seen.paused_by = Some("kubectl".into());
     let d = Case::new(full(), rolled, seen).admission().decide();
     assert!(d.effects.is_empty(), "{:?}", d.effects);
+}
+
+#[test]
+fn a_users_pause_while_rolling_is_left_alone_and_not_counted_against_the_deadline() {
+    let mut st = status(RolloutPhase::Rolling, vec![ok("migrate", HookPoint::Pre)]);
+    st.phase_transition_time = Some(Time(t(0)));
+    st.released_revision = Some(NEW.into());
+    let mut held = rolling_dep(1, true);
+    held.paused_by = Some("kubectl-rollout".into());
+    for gate in [Gate::Admission, Gate::PauseAtRest] {
+        let mut c = Case::new(full(), st.clone(), held.clone()).at(100_000);
+        c.gate = gate;
+        let d = c.decide();
+        assert!(d.effects.is_empty(), "{gate:?}: {:?}", d.effects);
+        assert_eq!(
+            phase(&d),
+            RolloutPhase::Rolling,
+            "not failed past the deadline"
+        );
+        assert_eq!(d.status.paused_by.as_deref(), Some("kubectl-rollout"));
+        assert!(
+            d.status
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("kubectl-rollout")
+        );
+        assert_eq!(d.requeue, None, "nothing to wait for but the resume");
+    }
+    // Resumed a day later: rolling again, the deadline counts from the resume.
+    let paused = Case::new(full(), st, held).admission().at(100_000).decide();
+    let d = Case::new(full(), paused.status, rolling_dep(1, false))
+        .admission()
+        .at(100_010)
+        .decide();
+    assert_eq!(phase(&d), RolloutPhase::Rolling);
+    assert_eq!(d.status.paused_by, None);
+    assert_eq!(d.status.phase_transition_time, Some(Time(t(100_010))));
 }
 
 #[test]
