@@ -202,11 +202,22 @@ async fn kubectl_rollout_restart_undo_set_image_apply_and_gitops_apply_each_run_
         Some("web")
     );
     assert_eq!(
-        d.annotations()
+        d.labels()
             .get("ballast.dev/rollout-phase")
             .map(String::as_str),
         Some("Succeeded")
     );
+    assert!(!d.annotations().contains_key("ballast.dev/rollout-phase"));
+    // The phase is a label: `kubectl get -L` shows it.
+    let listed = env.c.kubectl_ok(&[
+        "get",
+        "deployment/web",
+        "-n",
+        &ns,
+        "-L",
+        "ballast.dev/rollout-phase",
+    ]);
+    assert!(listed.contains("Succeeded"), "{listed}");
     let described = env.c.kubectl_ok(&["describe", "deployment/web", "-n", &ns]);
     for needle in [
         "ballast.dev/rollout-strategy: web",
@@ -322,6 +333,7 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
         .kubectl_ok(&["delete", "rolloutstrategy/web", "-n", &ns, "--wait=true"]);
     let d = env.deployment("web").await;
     assert_eq!(label(&d), None, "{:?}", d.labels());
+    assert!(!d.labels().contains_key("ballast.dev/rollout-phase"));
     assert!(!d.annotations().contains_key("ballast.dev/rollout-strategy"));
     assert_ne!(d.spec.as_ref().unwrap().paused, Some(true));
     // And its template changes are no longer paused.

@@ -75,6 +75,8 @@ pub struct DeploymentView {
     pub annotations: std::collections::BTreeMap<String, String>,
     /// The Deployment carries [`super::gate::GOVERNED_LABEL`].
     pub governed_label: bool,
+    /// The Deployment's label [`super::machine::PHASE_LABEL`].
+    pub phase_label: Option<String>,
     /// The field manager that set `spec.paused`, if the API server credits one (a change made
     /// by admission, such as the revision gate's, is credited to nobody).
     pub paused_by: Option<String>,
@@ -205,6 +207,7 @@ impl DeploymentView {
                 .collect(),
             paused_by: paused_by(d),
             governed_label: d.labels().contains_key(super::gate::GOVERNED_LABEL),
+            phase_label: d.labels().get(super::machine::PHASE_LABEL).cloned(),
         }
     }
 }

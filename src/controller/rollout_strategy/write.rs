@@ -7,7 +7,7 @@
 
 use super::error::Error;
 use super::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
-use super::machine::{PHASE_ANNOTATION, STRATEGY_ANNOTATION};
+use super::machine::{PHASE_LABEL, STRATEGY_ANNOTATION};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -108,9 +108,9 @@ async fn apply_paused(
     Ok(())
 }
 
-/// Names the governing strategy and its phase on the Deployment (a merge patch of two
-/// annotations, so `kubectl describe deploy` tells who holds it and why), and labels it
-/// [`GOVERNED_LABEL`] for the revision gate.
+/// Names the governing strategy (an annotation) and its phase (a label) on the Deployment, so
+/// `kubectl describe deploy` tells who holds it and why, and labels it [`GOVERNED_LABEL`] for the
+/// revision gate. One merge patch.
 pub async fn annotate(
     client: &Client,
     ns: &str,
@@ -119,11 +119,9 @@ pub async fn annotate(
     phase: crate::api::RolloutPhase,
 ) -> Result<(), Error> {
     let patch = serde_json::json!({"metadata": {
-        "annotations": {
-            STRATEGY_ANNOTATION: strategy,
-            PHASE_ANNOTATION: super::machine::phase_name(phase),
-        },
-        "labels": {GOVERNED_LABEL: "true"},
+        // The phase was an annotation before: gone from there.
+        "annotations": {STRATEGY_ANNOTATION: strategy, PHASE_LABEL: null},
+        "labels": {GOVERNED_LABEL: "true", PHASE_LABEL: super::machine::phase_name(phase)},
     }});
     merge_annotations(client, ns, name, &patch).await
 }
@@ -135,8 +133,8 @@ pub async fn remove_deployment_annotations(
     name: &str,
 ) -> Result<(), Error> {
     let patch = serde_json::json!({"metadata": {
-        "annotations": {STRATEGY_ANNOTATION: null, PHASE_ANNOTATION: null},
-        "labels": {GOVERNED_LABEL: null},
+        "annotations": {STRATEGY_ANNOTATION: null, PHASE_LABEL: null},
+        "labels": {GOVERNED_LABEL: null, PHASE_LABEL: null},
     }});
     match merge_annotations(client, ns, name, &patch).await {
         Err(Error::Deployment(kube::Error::Api(s))) if s.code == 404 => Ok(()),

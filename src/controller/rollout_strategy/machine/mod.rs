@@ -47,7 +47,7 @@ pub enum Effect {
     /// Remove an annotation of the strategy once acted on.
     RemoveAnnotation(&'static str),
     /// Say on the Deployment which strategy governs it and the phase it is in
-    /// ([`STRATEGY_ANNOTATION`], [`PHASE_ANNOTATION`]), and label it [`GOVERNED_LABEL`].
+    /// ([`STRATEGY_ANNOTATION`], [`PHASE_LABEL`]), and label it [`GOVERNED_LABEL`].
     Annotate(RolloutPhase),
     /// Set (`true`) or remove the strategy's [`TARGET_GOVERNED_LABEL`]: whether the revision
     /// gate's cheap bindings cover its Deployment, so the costly one may leave the strategy out.
@@ -58,8 +58,10 @@ pub use crate::controller::rollout_strategy::gate::{GOVERNED_LABEL, TARGET_GOVER
 
 /// On a governed Deployment: the RolloutStrategy that governs it.
 pub const STRATEGY_ANNOTATION: &str = "ballast.dev/rollout-strategy";
-/// On a governed Deployment: the phase of its strategy's current revision.
-pub const PHASE_ANNOTATION: &str = "ballast.dev/rollout-phase";
+/// On a governed Deployment, a label: the phase of its strategy's current revision. A label,
+/// not an annotation: a Deployment's annotations bump its generation and are copied to its
+/// ReplicaSets, its labels are not (`kubectl get deploy -L ballast.dev/rollout-phase`).
+pub const PHASE_LABEL: &str = "ballast.dev/rollout-phase";
 
 impl Effect {
     /// Whether this effect writes the Deployment (rather than a Job or the strategy).
@@ -455,7 +457,9 @@ impl<'a> Machine<'a> {
     fn annotate(&mut self, dep: &DeploymentView, phase: RolloutPhase) {
         let name = phase_name(phase);
         if dep.annotation(STRATEGY_ANNOTATION) != Some(self.i.name)
-            || dep.annotation(PHASE_ANNOTATION) != Some(name)
+            || dep.phase_label.as_deref() != Some(name)
+            // Left by an earlier version, which kept the phase in an annotation.
+            || dep.annotation(PHASE_LABEL).is_some()
             || !dep.governed_label
         {
             self.effect(Effect::Annotate(phase));

@@ -54,6 +54,7 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
         available_replicas: 4,
         annotations: Default::default(),
         governed_label: false,
+        phase_label: None,
         paused_by: paused.then(|| crate::k8s::ROLLOUT_STRATEGY_MANAGER.to_string()),
         replica_sets: vec![ReplicaSetView {
             name: format!("web-{rev}"),
@@ -1747,11 +1748,8 @@ fn the_deployment_is_annotated_with_its_strategy_and_phase_and_labelled_governed
         ]
     );
     let mut annotated = dep(NEW, true);
-    annotated.annotations = [
-        (STRATEGY_ANNOTATION.to_string(), "web".to_string()),
-        (PHASE_ANNOTATION.to_string(), "PreHook".to_string()),
-    ]
-    .into();
+    annotated.annotations = [(STRATEGY_ANNOTATION.to_string(), "web".to_string())].into();
+    annotated.phase_label = Some("PreHook".into());
     // Annotated but not labelled (`kubectl label ... ballast.dev/governed-` without the gate):
     // written again.
     let d = Case::new(full(), d.status.clone(), annotated.clone()).decide_all();
