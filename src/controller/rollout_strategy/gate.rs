@@ -400,6 +400,13 @@ async fn follow(
     let all = futures::stream::select_all(std::iter::once(policies).chain(bindings));
     let mut events = std::pin::pin!(all.take_until(shutdown));
     while let Some(ev) = events.next().await {
+        // A (re)list is decided on once it is complete: between its start, which forgets the
+        // object, and its end the gate would read as missing and flip to pause-at-rest and back.
+        let listing = match &ev {
+            Ok(Change::Policy(e)) => listing(e),
+            Ok(Change::Binding(_, e)) => listing(e),
+            Err(_) => false,
+        };
         match ev {
             Ok(Change::Policy(e)) => apply(&mut seen.policy, e),
             Ok(Change::Binding(n, e)) => {
@@ -413,6 +420,9 @@ async fn follow(
                 tracing::debug!(error = %e, "watching the revision gate");
                 continue;
             }
+        }
+        if listing {
+            continue;
         }
         let mode = decide(GateFlag::Auto, &name, &seen);
         tx.send_if_modified(|m| {
@@ -429,6 +439,11 @@ async fn follow(
 enum Change {
     Policy(watcher::Event<MutatingAdmissionPolicy>),
     Binding(String, watcher::Event<MutatingAdmissionPolicyBinding>),
+}
+
+/// Whether `ev` starts or continues a (re)list, which only its `InitDone` completes.
+fn listing<K>(ev: &watcher::Event<K>) -> bool {
+    matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_))
 }
 
 /// Folds one watch event of a single named object into what is known of it.
