@@ -593,6 +593,78 @@ impl Drop for Cleanup {
     }
 }
 
+const USER_HZ: f64 = 100.0;
+
+/// utime + stime of a process (with those of its waited-for children when `children`), in
+/// seconds; 0 for one that is gone.
+fn process_cpu(pid: u32, children: bool) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces; utime,
+    // stime, cutime and cstime are fields 14 to 17 of proc(5), 11 to 14 after the name.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let field = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    let own = field(11) + field(12);
+    (if children {
+        own + field(13) + field(14)
+    } else {
+        own
+    }) / USER_HZ
+}
+
+/// Busy time of all CPUs (user, nice, system, irq, softirq, steal), in seconds.
+fn machine_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let field = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    (field(0) + field(1) + field(2) + field(5) + field(6) + field(7)) / USER_HZ
+}
+
+/// The machine's CPU time used by everyone but this cluster's control plane (its pid files
+/// next to the kubeconfig), the operator and this bench (kubectl included): another session's
+/// build or tests on a shared machine, which the numbers of a phase then include.
+struct Background {
+    pids: Vec<u32>,
+}
+
+impl Background {
+    fn of_cluster(kubeconfig: &Path) -> Self {
+        let dir = kubeconfig.parent().unwrap_or(Path::new(".")).join("pids");
+        let pids = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        Background { pids }
+    }
+
+    /// Others' CPU seconds so far.
+    fn others(&self, operator: Option<u32>) -> f64 {
+        let ours: f64 = self
+            .pids
+            .iter()
+            .chain(operator.as_ref())
+            .map(|p| process_cpu(*p, false))
+            .sum::<f64>()
+            + process_cpu(std::process::id(), true);
+        machine_cpu() - ours
+    }
+}
+
 /// What one size measured.
 #[derive(Debug, serde::Serialize)]
 struct SizeResult {
@@ -609,8 +681,13 @@ struct SizeResult {
     ballast_requests: u64,
     /// Those requests by `verb group/resource code`.
     ballast_requests_by_kind: BTreeMap<String, u64>,
+    /// Cores used by other processes of the machine during the floor, the stricter floor and
+    /// ballast's phase (see [`Background`]).
+    others_cores: [f64; 3],
     rss_mib: f64,
     peak_rss_mib: f64,
+    /// RSS once settled with the N Deployments cached, before the policy was created.
+    idle_rss_mib: f64,
     /// The operator's CPU time from the policy's creation until convergence, and until quiet.
     ballast_cpu_secs_to_converge: f64,
     ballast_cpu_secs_to_quiet: f64,
@@ -655,8 +732,10 @@ async fn converged(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn measure(
     s: &Settings,
+    background: &Background,
     n: usize,
     client: &Client,
     kubectl: &Kubectl,
@@ -698,6 +777,7 @@ async fn measure(
         .collect();
     let manifest = json!({"apiVersion": "v1", "kind": "List", "items": bodies}).to_string();
     tokio::time::sleep(s.quiet).await;
+    let others0 = background.others(None);
     let t = Instant::now();
     let out = kubectl.run(
         &[
@@ -713,6 +793,7 @@ async fn measure(
         Some(&manifest),
     )?;
     let floor_secs = t.elapsed().as_secs_f64();
+    let floor_others = (background.others(None) - others0) / floor_secs;
     let floor_writes = out
         .lines()
         .filter(|l| l.contains("serverside-applied"))
@@ -731,6 +812,7 @@ async fn measure(
         .collect();
     tokio::time::sleep(s.quiet).await;
     let pp = PatchParams::apply(FLOOR_MANAGER).force();
+    let others0 = background.others(None);
     let t = Instant::now();
     stream::iter(bodies)
         .map(|(name, body)| {
@@ -741,6 +823,7 @@ async fn measure(
         .try_collect::<Vec<()>>()
         .await?;
     let parallel_secs = t.elapsed().as_secs_f64();
+    let parallel_others = (background.others(None) - others0) / parallel_secs;
     eprintln!(
         "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight {parallel_secs:.2} s (kube client, {n} server-side applies)"
     );
@@ -753,6 +836,8 @@ async fn measure(
     let t = Instant::now();
     let mut operator = Operator::start(operator_kubeconfig, dir, &ns_ballast)?;
     let before = operator.settle(s.quiet).await?;
+    // Its caches hold the N Deployments (and their ReplicaSets) before any policy exists.
+    let (idle_rss_mib, _) = operator.rss_mib()?;
     eprintln!(
         "[bench] N={n}: operator settled ({:.1} s, log {})",
         t.elapsed().as_secs_f64(),
@@ -771,11 +856,14 @@ async fn measure(
     let policies: Api<SpreadPolicy> = Api::namespaced(client.clone(), &ns_ballast);
     let counters_before = spread_counters(&operator.metrics_text().await?);
     let cpu0 = operator.cpu_secs()?;
+    let operator_pid = Some(operator.child.id());
+    let others0 = background.others(operator_pid);
     let t0 = Instant::now();
     policies.create(&PostParams::default(), &p).await?;
     let t1 = converged(&mut events, &records, n).await?;
     let ballast_secs = t1.duration_since(t0).as_secs_f64();
     let ballast_cpu_secs_to_converge = operator.cpu_secs()? - cpu0;
+    let ballast_others = (background.others(operator_pid) - others0) / ballast_secs;
     drop(events);
     eprintln!(
         "[bench] N={n}: ballast {ballast_secs:.2} s (policy created → all {n} carry the term)"
@@ -830,12 +918,14 @@ async fn measure(
         floor_secs,
         floor_writes,
         parallel_floor_secs: parallel_secs,
+        others_cores: [floor_others, parallel_others, ballast_others],
         ballast_secs,
         ballast_template_writes,
         ballast_requests,
         ballast_requests_by_kind,
         rss_mib,
         peak_rss_mib,
+        idle_rss_mib,
         ballast_cpu_secs_to_converge,
         ballast_cpu_secs_to_quiet,
         spread_counters,
@@ -903,9 +993,15 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
         let goal = if r.n > 5000 { 128.0 } else { 48.0 };
         rows.push(Row {
             id: "P4",
-            measure: format!("N={}: manager RSS, peak / after, MiB", r.n),
+            measure: format!(
+                "N={}: manager RSS, peak / after / before the policy, MiB",
+                r.n
+            ),
             floor: String::new(),
-            ballast: format!("{:.1} / {:.1}", r.peak_rss_mib, r.rss_mib),
+            ballast: format!(
+                "{:.1} / {:.1} / {:.1}",
+                r.peak_rss_mib, r.rss_mib, r.idle_rss_mib
+            ),
             ratio: String::new(),
             goal: format!("peak ≤ {goal:.0} MiB"),
             pass: r.peak_rss_mib <= goal,
@@ -980,15 +1076,35 @@ async fn run(s: &Settings) -> Result<()> {
     let client = client(&kubeconfig).await?;
     let kubectl = Kubectl { kubeconfig };
     let dir = repo_root().join("target/bench-spread");
+    let background = Background::of_cluster(&kubectl.kubeconfig);
     let operator_kubeconfig = operator_kubeconfig(&kubectl, &dir)?;
     admission_synced(&client).await?;
     let started = jiff::Timestamp::now();
     let mut results = Vec::new();
     for &n in &s.sizes {
-        results.push(measure(s, n, &client, &kubectl, &operator_kubeconfig, &dir).await?);
+        results.push(
+            measure(
+                s,
+                &background,
+                n,
+                &client,
+                &kubectl,
+                &operator_kubeconfig,
+                &dir,
+            )
+            .await?,
+        );
     }
     let rows = rows(&results);
     print_table(&rows);
+    for r in &results {
+        let [a, b, c] = r.others_cores;
+        println!(
+            "N={}: CPU of other processes on the machine during the floor / the floor with \
+             {WRITE_CONCURRENCY} in flight / ballast: {a:.2} / {b:.2} / {c:.2} cores",
+            r.n
+        );
+    }
     let version = client.apiserver_version().await?.git_version;
     let out_dir = repo_root().join("bench/results");
     std::fs::create_dir_all(&out_dir)?;
