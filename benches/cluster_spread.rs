@@ -10,7 +10,8 @@
 //!   one invocation: one client, one write per Deployment, from start to exit (the floor of
 //!   issue 9); and a stricter one: the same apply configurations sent to the N Deployments of a
 //!   second namespace by one kube client with as many in flight as ballast writes at once
-//!   (`WRITE_CONCURRENCY`);
+//!   (`WRITE_CONCURRENCY`); each floor's time, like ballast's, runs until the bench's watch of its
+//!   namespace has seen all N carry the term (or until its writes returned, if later);
 //! - ballast: the real operator binary (release build, under the manager's ServiceAccount from
 //!   `config/`, watching only the second namespace) is started and left to settle; then a
 //!   SpreadPolicy that selects `tier: bench` (`rollout.maxConcurrent: 0`) is created, and the time
@@ -695,6 +696,22 @@ struct SizeResult {
     spread_counters: BTreeMap<String, f64>,
 }
 
+/// A watch of `api`'s Deployments, past its initial list (in which none carries the term yet).
+async fn watch_from_now(
+    api: &Api<Deployment>,
+) -> Result<futures::stream::BoxStream<'static, Result<watcher::Event<Deployment>, watcher::Error>>>
+{
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    loop {
+        match events.next().await {
+            Some(Ok(watcher::Event::InitDone)) => return Ok(events),
+            Some(Err(e)) => return Err(e.into()),
+            None => bail!("the watch ended"),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
 /// Waits for the watch `events` to show all `want` Deployments carrying `record`; returns when.
 async fn converged(
     events: &mut (
@@ -770,29 +787,49 @@ async fn measure(
     );
 
     let p = policy()?;
-    // The floor: one client, the same apply configurations, one invocation.
+    // The floor: one client, the same apply configurations, one invocation. Like ballast's, its
+    // time runs until the bench's watch has seen all N carry the term (or until kubectl exits,
+    // if that is later), so both pay for the same watch.
     let bodies: Vec<Value> = floor_ds
         .iter()
         .map(|d| terms_and_body(&p, d, &ns_floor).1)
         .collect();
+    let records = |ds: &[Deployment], ns: &str| -> BTreeMap<String, String> {
+        ds.iter()
+            .map(|d| (d.name_any(), terms_and_body(&p, d, ns).0))
+            .collect()
+    };
     let manifest = json!({"apiVersion": "v1", "kind": "List", "items": bodies}).to_string();
     tokio::time::sleep(s.quiet).await;
+    let mut events = watch_from_now(&floor_api).await?;
     let others0 = background.others(None);
     let t = Instant::now();
-    let out = kubectl.run(
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            &format!("--field-manager={FLOOR_MANAGER}"),
-            // Apply configurations are partial objects: only the API server can validate them.
-            "--validate=false",
-            "-f",
-            "-",
-        ],
-        Some(&manifest),
-    )?;
-    let floor_secs = t.elapsed().as_secs_f64();
+    let apply = {
+        let kubectl = kubectl.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = kubectl.run(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    &format!("--field-manager={FLOOR_MANAGER}"),
+                    // Apply configurations are partial objects: only the API server can
+                    // validate them.
+                    "--validate=false",
+                    "-f",
+                    "-",
+                ],
+                Some(&manifest),
+            );
+            (out, Instant::now())
+        })
+    };
+    let floor_records = records(&floor_ds, &ns_floor);
+    let (applied, seen) = tokio::join!(apply, converged(&mut events, &floor_records, n));
+    let (out, exited) = applied?;
+    let (out, seen) = (out?, seen?);
+    drop(events);
+    let floor_secs = seen.max(exited).duration_since(t).as_secs_f64();
     let floor_others = (background.others(None) - others0) / floor_secs;
     let floor_writes = out
         .lines()
@@ -805,34 +842,38 @@ async fn measure(
     eprintln!("[bench] N={n}: floor {floor_secs:.2} s (kubectl apply --server-side, {n} objects)");
 
     // A stricter floor: the same apply configurations from one kube client, as many in flight
-    // as ballast writes at once.
+    // as ballast writes at once; timed the same way.
     let bodies: Vec<(String, Value)> = parallel_ds
         .iter()
         .map(|d| (d.name_any(), terms_and_body(&p, d, &ns_parallel).1))
         .collect();
     tokio::time::sleep(s.quiet).await;
     let pp = PatchParams::apply(FLOOR_MANAGER).force();
+    let mut events = watch_from_now(&parallel_api).await?;
+    let parallel_records = records(&parallel_ds, &ns_parallel);
     let others0 = background.others(None);
     let t = Instant::now();
-    stream::iter(bodies)
-        .map(|(name, body)| {
-            let (api, pp) = (&parallel_api, &pp);
-            async move { api.patch(&name, pp, &Patch::Apply(body)).await.map(drop) }
-        })
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
-    let parallel_secs = t.elapsed().as_secs_f64();
+    let writes = async {
+        stream::iter(bodies)
+            .map(|(name, body)| {
+                let (api, pp) = (&parallel_api, &pp);
+                async move { api.patch(&name, pp, &Patch::Apply(body)).await.map(drop) }
+            })
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| Instant::now())
+    };
+    let (written, seen) = tokio::join!(writes, converged(&mut events, &parallel_records, n));
+    drop(events);
+    let parallel_secs = seen?.max(written?).duration_since(t).as_secs_f64();
     let parallel_others = (background.others(None) - others0) / parallel_secs;
     eprintln!(
         "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight {parallel_secs:.2} s (kube client, {n} server-side applies)"
     );
 
     // Ballast.
-    let records: BTreeMap<String, String> = ballast_ds
-        .iter()
-        .map(|d| (d.name_any(), terms_and_body(&p, d, &ns_ballast).0))
-        .collect();
+    let records = records(&ballast_ds, &ns_ballast);
     let t = Instant::now();
     let mut operator = Operator::start(operator_kubeconfig, dir, &ns_ballast)?;
     let before = operator.settle(s.quiet).await?;
@@ -843,16 +884,7 @@ async fn measure(
         t.elapsed().as_secs_f64(),
         operator.log.display()
     );
-    let mut events = watcher(ballast_api.clone(), watcher::Config::default()).boxed();
-    // The watch's initial list: none carries the term yet.
-    loop {
-        match events.next().await {
-            Some(Ok(watcher::Event::InitDone)) => break,
-            Some(Err(e)) => return Err(e.into()),
-            None => bail!("the watch ended"),
-            Some(Ok(_)) => {}
-        }
-    }
+    let mut events = watch_from_now(&ballast_api).await?;
     let policies: Api<SpreadPolicy> = Api::namespaced(client.clone(), &ns_ballast);
     let counters_before = spread_counters(&operator.metrics_text().await?);
     let cpu0 = operator.cpu_secs()?;
