@@ -39,19 +39,21 @@
 //! BALLAST_BENCH_STRATEGIES (20), BALLAST_BENCH_PAUSE_SECS (5: quiet time before each phase).
 //! Results and how to read them: docs/benchmarks.md.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{Kubectl, client, env_usize};
+
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::rollout_strategy::RolloutStrategy;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
-    Api, Client, Config,
+    Api, Client,
     api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::{Value, json};
 use std::{
-    io::Write,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant, SystemTime},
@@ -82,17 +84,6 @@ struct Settings {
     pause: Duration,
 }
 
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => {
-            let n: usize = v.parse().with_context(|| format!("{name}={v}"))?;
-            ensure!(n > 0, "{name} must be at least 1");
-            Ok(n)
-        }
-        Err(_) => Ok(default),
-    }
-}
-
 impl Settings {
     fn from_env() -> Result<Self> {
         Ok(Settings {
@@ -104,51 +95,6 @@ impl Settings {
             pause: Duration::from_secs(env_usize("BALLAST_BENCH_PAUSE_SECS", 5)? as u64),
         })
     }
-}
-
-/// kubectl against the same kubeconfig as the client.
-#[derive(Clone)]
-struct Kubectl {
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .current_dir(repo_root())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().context(
-            "running kubectl (is the cluster's bin/ on PATH? `make bench-cluster` does it)",
-        )?;
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("piped stdin")
-                .write_all(input.as_bytes())?;
-        }
-        let out = child.wait_with_output()?;
-        ensure!(
-            out.status.success(),
-            "kubectl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-}
-
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The admission objects exactly as `kubectl apply -k config/default` installs them (with the
@@ -294,18 +240,6 @@ impl Drop for Namespaces {
             ),
         }
     }
-}
-
-async fn client(kubeconfig: &Path) -> Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    ensure!(
-        config.cluster_url.host() == Some("127.0.0.1"),
-        "this bench only ever dials the local control plane on 127.0.0.1, not {}",
-        config.cluster_url
-    );
-    Ok(Client::try_from(config)?)
 }
 
 fn deployment(name: &str) -> Result<Deployment> {

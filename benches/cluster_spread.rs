@@ -32,6 +32,10 @@
 //! during setup), BALLAST_BENCH_QUIET_SECS (5: how long the operator's request counter must
 //! stand still before and after the measured phase). Results: docs/benchmarks.md.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{Kubectl, client, env_usize, repo_root};
+
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::spread_policy::{SpreadPolicy, WorkloadKind};
 use ballast::controller::spread_policy::{
@@ -45,17 +49,15 @@ use ballast::controller::spread_policy::{
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use kube::{
-    Api, Client, Config, ResourceExt,
+    Api, Client, ResourceExt,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
     runtime::watcher,
 };
 use serde_json::{Value, json};
 use std::{
     collections::{BTreeMap, HashSet},
-    io::Write as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -69,17 +71,6 @@ struct Settings {
     sizes: Vec<usize>,
     concurrency: usize,
     quiet: Duration,
-}
-
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => {
-            let n: usize = v.parse().with_context(|| format!("{name}={v}"))?;
-            ensure!(n > 0, "{name} must be at least 1");
-            Ok(n)
-        }
-        Err(_) => Ok(default),
-    }
 }
 
 impl Settings {
@@ -103,64 +94,6 @@ impl Settings {
             quiet: Duration::from_secs(env_usize("BALLAST_BENCH_QUIET_SECS", 5)? as u64),
         })
     }
-}
-
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// kubectl against the same kubeconfig as the client.
-#[derive(Clone)]
-struct Kubectl {
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .current_dir(repo_root())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context(
-                "running kubectl (is the cluster's bin/ on PATH? `make bench-cluster` does it)",
-            )?;
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("piped stdin")
-                .write_all(input.as_bytes())?;
-        }
-        let out = child.wait_with_output()?;
-        ensure!(
-            out.status.success(),
-            "kubectl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-}
-
-async fn client(kubeconfig: &Path) -> Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    ensure!(
-        config.cluster_url.host() == Some("127.0.0.1"),
-        "this bench only ever dials the local control plane on 127.0.0.1, not {}",
-        config.cluster_url
-    );
-    Ok(Client::try_from(config)?)
 }
 
 /// Installs config/default (CRDs, RBAC, the manager's ServiceAccount) as the tests do, and

@@ -1,0 +1,89 @@
+//! What the cluster benches share: settings from the environment, kubectl and a kube client
+//! against the local control plane (127.0.0.1 only). Each bench includes it with
+//! `#[path = "support/mod.rs"] mod support;`.
+
+#![allow(dead_code)]
+
+use anyhow::{Context, Result, ensure};
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+/// A positive count from the environment variable `name`, else `default`.
+pub fn env_usize(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => {
+            let n: usize = v.parse().with_context(|| format!("{name}={v}"))?;
+            ensure!(n > 0, "{name} must be at least 1");
+            Ok(n)
+        }
+        Err(_) => Ok(default),
+    }
+}
+
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// kubectl against the same kubeconfig as the client.
+#[derive(Clone)]
+pub struct Kubectl {
+    pub kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// Runs kubectl in the repository's root with `args` (and `stdin`); its stdout, or an error
+    /// with its stderr.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .current_dir(repo_root())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context(
+                "running kubectl (is the cluster's bin/ on PATH? `make bench-cluster` does it)",
+            )?;
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("piped stdin")
+                .write_all(input.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "kubectl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// A client of the cluster of `kubeconfig`, refused unless it dials 127.0.0.1.
+pub async fn client(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    ensure!(
+        config.cluster_url.host() == Some("127.0.0.1"),
+        "this bench only ever dials the local control plane on 127.0.0.1, not {}",
+        config.cluster_url
+    );
+    Ok(Client::try_from(config)?)
+}
