@@ -220,25 +220,7 @@ struct Namespaces {
 
 impl Drop for Namespaces {
     fn drop(&mut self) {
-        let start = Instant::now();
-        let mut args = vec![
-            "delete",
-            "namespace",
-            "--ignore-not-found",
-            "--timeout=300s",
-        ];
-        args.extend(self.names.iter().map(String::as_str));
-        match self.kubectl.run(&args, None) {
-            Ok(_) => eprintln!(
-                "[bench] namespaces {} deleted in {:.1} s",
-                self.names.join(", "),
-                start.elapsed().as_secs_f64()
-            ),
-            Err(e) => eprintln!(
-                "[bench] ERROR: deleting namespaces {}: {e:#}",
-                self.names.join(", ")
-            ),
-        }
+        support::delete_namespaces(&self.kubectl, &self.names, "300s");
     }
 }
 

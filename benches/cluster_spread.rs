@@ -491,7 +491,6 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         // First the operator: with it gone, nothing takes the terms out again.
         drop(self.operator.take());
-        let start = Instant::now();
         for ns in &self.namespaces {
             let _ = self.kubectl.run(
                 &[
@@ -506,24 +505,7 @@ impl Drop for Cleanup {
                 None,
             );
         }
-        let mut args = vec![
-            "delete",
-            "namespace",
-            "--ignore-not-found",
-            "--timeout=600s",
-        ];
-        args.extend(self.namespaces.iter().map(String::as_str));
-        match self.kubectl.run(&args, None) {
-            Ok(_) => eprintln!(
-                "[bench] namespaces {} deleted in {:.1} s",
-                self.namespaces.join(", "),
-                start.elapsed().as_secs_f64()
-            ),
-            Err(e) => eprintln!(
-                "[bench] ERROR: deleting namespaces {}: {e:#}",
-                self.namespaces.join(", ")
-            ),
-        }
+        support::delete_namespaces(&self.kubectl, &self.namespaces, "600s");
     }
 }
 

@@ -13,6 +13,7 @@ use std::{
     io::Write,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::Instant,
 };
 
 /// A positive count from the environment variable `name`, else `default`.
@@ -86,4 +87,24 @@ pub async fn client(kubeconfig: &Path) -> Result<Client> {
         config.cluster_url
     );
     Ok(Client::try_from(config)?)
+}
+
+/// Deletes `names` (namespaces), waiting up to `timeout` (e.g. `"300s"`), and says how it went:
+/// for the benches' cleanup guards, which must not fail.
+pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
+    let start = Instant::now();
+    let timeout = format!("--timeout={timeout}");
+    let mut args = vec!["delete", "namespace", "--ignore-not-found", &timeout];
+    args.extend(names.iter().map(String::as_str));
+    match kubectl.run(&args, None) {
+        Ok(_) => eprintln!(
+            "[bench] namespaces {} deleted in {:.1} s",
+            names.join(", "),
+            start.elapsed().as_secs_f64()
+        ),
+        Err(e) => eprintln!(
+            "[bench] ERROR: deleting namespaces {}: {e:#}",
+            names.join(", ")
+        ),
+    }
 }
