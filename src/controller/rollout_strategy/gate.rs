@@ -399,19 +399,16 @@ async fn follow(
     });
     let all = futures::stream::select_all(std::iter::once(policies).chain(bindings));
     let mut events = std::pin::pin!(all.take_until(shutdown));
+    let mut lists = Lists::default();
     while let Some(ev) = events.next().await {
-        // A (re)list is decided on once it is complete: between its start, which forgets the
-        // object, and its end the gate would read as missing and flip to pause-at-rest and back.
-        let listing = match &ev {
-            Ok(Change::Policy(e)) => listing(e),
-            Ok(Change::Binding(_, e)) => listing(e),
-            Err(_) => false,
-        };
+        // A (re)list of one object is folded in once it is complete, and the mode decided only
+        // while no list is under way: until then the object would read as missing, and the
+        // mode flip to pause-at-rest and back.
         match ev {
-            Ok(Change::Policy(e)) => apply(&mut seen.policy, e),
+            Ok(Change::Policy(e)) => lists.fold(String::new(), &mut seen.policy, e),
             Ok(Change::Binding(n, e)) => {
                 let mut slot = seen.bindings.remove(&n);
-                apply(&mut slot, e);
+                lists.fold(n.clone(), &mut slot, e);
                 if let Some(b) = slot {
                     seen.bindings.insert(n, b);
                 }
@@ -421,7 +418,7 @@ async fn follow(
                 continue;
             }
         }
-        if listing {
+        if lists.under_way() {
             continue;
         }
         let mode = decide(GateFlag::Auto, &name, &seen);
@@ -441,19 +438,35 @@ enum Change {
     Binding(String, watcher::Event<MutatingAdmissionPolicyBinding>),
 }
 
-/// Whether `ev` starts or continues a (re)list, which only its `InitDone` completes.
-fn listing<K>(ev: &watcher::Event<K>) -> bool {
-    matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_))
-}
+/// The (re)lists under way, by object (`""` for the policy, else the binding's name): whether
+/// each has named its object yet.
+#[derive(Default)]
+struct Lists(BTreeMap<String, bool>);
 
-/// Folds one watch event of a single named object into what is known of it.
-fn apply<K>(slot: &mut Option<K>, ev: watcher::Event<K>) {
-    match ev {
-        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => *slot = Some(o),
-        watcher::Event::Delete(_) => *slot = None,
-        // A relist: what it does not name is gone.
-        watcher::Event::Init => *slot = None,
-        watcher::Event::InitDone => {}
+impl Lists {
+    /// Folds one watch event of the single named object `key` into what is known of it (`slot`):
+    /// a list replaces it only when complete, with nothing if it did not name it.
+    fn fold<K>(&mut self, key: String, slot: &mut Option<K>, ev: watcher::Event<K>) {
+        match ev {
+            watcher::Event::Apply(o) => *slot = Some(o),
+            watcher::Event::Delete(_) => *slot = None,
+            watcher::Event::Init => {
+                self.0.insert(key, false);
+            }
+            watcher::Event::InitApply(o) => {
+                *slot = Some(o);
+                self.0.insert(key, true);
+            }
+            watcher::Event::InitDone => {
+                if self.0.remove(&key) == Some(false) {
+                    *slot = None;
+                }
+            }
+        }
+    }
+
+    fn under_way(&self) -> bool {
+        !self.0.is_empty()
     }
 }
 
@@ -649,6 +662,24 @@ mod tests {
                 "config/rbac/role.yaml: {b} in {readable:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_relist_replaces_the_object_only_once_complete() {
+        let mut lists = Lists::default();
+        let mut slot = Some(1);
+        lists.fold("b".into(), &mut slot, watcher::Event::Init);
+        assert_eq!(slot, Some(1), "kept while the list runs");
+        assert!(lists.under_way());
+        lists.fold("b".into(), &mut slot, watcher::Event::InitApply(2));
+        lists.fold("b".into(), &mut slot, watcher::Event::InitDone);
+        assert_eq!(slot, Some(2));
+        assert!(!lists.under_way());
+        // A list that does not name it: gone, once the list is done.
+        lists.fold("b".into(), &mut slot, watcher::Event::Init);
+        assert_eq!(slot, Some(2));
+        lists.fold("b".into(), &mut slot, watcher::Event::InitDone);
+        assert_eq!(slot, None);
     }
 
     #[test]
