@@ -327,7 +327,10 @@ async fn sync_invalid(
 ///   value again.
 /// - `Unpause`: the same, with the cached `resourceVersion` as a precondition; on a stale one
 ///   the API server refuses it (a conflict) and it is decided again.
-/// - `Annotate`: a merge patch of two annotations to fixed values; repeated, the same.
+/// - `Annotate`: a merge patch of the Deployment's annotation and labels to fixed values;
+///   repeated, the same.
+/// - `MarkTarget`: a merge patch of the strategy's label; when it says "covered" because the
+///   cache shows no Deployment, the absence is read afresh first.
 /// - `Scale(n)`: sets `spec.replicas` to `n`, an absolute value; repeated, the same. The count
 ///   to restore after Recreate mid hooks is in status (read afresh); a lagging cache shows an
 ///   older count, which is that one or our own 0, so it is never taken for a user's scale.
@@ -714,7 +717,7 @@ async fn release(
         write::scale(client, ns, target, orig).await?;
     }
     write::unpause(client, ns, target, None).await?;
-    write::remove_deployment_annotations(client, ns, target).await?;
+    write::remove_deployment_metadata(client, ns, target).await?;
     st.ctx
         .metrics
         .count_write(CONTROLLER, "Deployment", "released");

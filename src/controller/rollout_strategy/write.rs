@@ -123,11 +123,11 @@ pub async fn annotate(
         "annotations": {STRATEGY_ANNOTATION: strategy, PHASE_LABEL: null},
         "labels": {GOVERNED_LABEL: "true", PHASE_LABEL: super::machine::phase_name(phase)},
     }});
-    merge_annotations(client, ns, name, &patch).await
+    merge_metadata(client, ns, name, &patch).await
 }
 
-/// Removes what [`annotate`] wrote (the strategy is gone).
-pub async fn remove_deployment_annotations(
+/// Removes what [`annotate`] wrote, annotation and labels (the strategy is gone).
+pub async fn remove_deployment_metadata(
     client: &Client,
     ns: &str,
     name: &str,
@@ -136,13 +136,13 @@ pub async fn remove_deployment_annotations(
         "annotations": {STRATEGY_ANNOTATION: null, PHASE_LABEL: null},
         "labels": {GOVERNED_LABEL: null, PHASE_LABEL: null},
     }});
-    match merge_annotations(client, ns, name, &patch).await {
+    match merge_metadata(client, ns, name, &patch).await {
         Err(Error::Deployment(kube::Error::Api(s))) if s.code == 404 => Ok(()),
         r => r,
     }
 }
 
-async fn merge_annotations(
+async fn merge_metadata(
     client: &Client,
     ns: &str,
     name: &str,

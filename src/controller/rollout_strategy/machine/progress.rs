@@ -150,29 +150,27 @@ impl Machine<'_> {
         let released = self.st.released_revision.as_deref() == Some(dep.revision.as_str());
         if let Some(who) = dep.paused_by_someone_else()
             && released
-            && (self.st.paused_by.is_some()
+        {
+            let new = self.st.paused_by.is_some()
                 || self
                     .st
                     .deployment_generation
-                    .is_none_or(|g| dep.generation > g))
-        {
-            self.st.paused_by = Some(who.to_string());
-            self.st.message = Some(format!(
-                "revision {}: paused by {who} while rolling out; ballast goes on after `kubectl rollout resume`",
-                dep.revision
-            ));
-            return;
-        }
-        if dep.paused && dep.paused_by_someone_else().is_some() && released {
-            // The pause let go, as the cache still shows it: wait for the cache.
-            return;
-        }
-        if dep.paused {
-            self.st.released_revision = Some(dep.revision.clone());
-            self.effect(Effect::Unpause);
+                    .is_none_or(|g| dep.generation > g);
+            if new {
+                self.st.paused_by = Some(who.to_string());
+                self.st.message = Some(format!(
+                    "revision {}: paused by {who} while rolling out; ballast goes on after `kubectl rollout resume`",
+                    dep.revision
+                ));
+            }
+            // Else the pause let go, as the cache still shows it: wait for the cache.
             return;
         }
         self.st.released_revision = Some(dep.revision.clone());
+        if dep.paused {
+            self.effect(Effect::Unpause);
+            return;
+        }
         if self.st.paused_by.take().is_some() {
             // Resumed: the deadline counts from now.
             self.st.phase_transition_time = Some(Time(self.now()));
