@@ -211,17 +211,22 @@ pub fn deployment_rollout(d: &Deployment) -> Rollout {
     let updated = status.updated_replicas.unwrap_or(0);
     let total = status.replicas.unwrap_or(0);
     let available = status.available_replicas.unwrap_or(0);
-    if updated < want || total > updated {
+    if total > updated {
         return Rollout::InProgress;
     }
-    // Every replica runs the current template. The Deployment controller
-    // says `NewReplicaSetAvailable` once that rollout completed, and keeps
-    // saying it when pods become unavailable later: that is not a rollout.
+    // Every pod runs the current template. The Deployment controller says
+    // `NewReplicaSetAvailable` once that rollout completed, and keeps saying
+    // it through what comes later without a new template: pods that become
+    // unavailable, and a scale, whose status shows fewer updated replicas
+    // than wanted until the ReplicaSet's new pods are counted. Neither is a
+    // rollout. (A new template is never observed with that reason: the
+    // controller replaces it when it creates the new ReplicaSet, before it
+    // records the new generation as observed.)
     let completed = progressing.is_some_and(|c| c.reason.as_deref() == Some(NEW_RS_AVAILABLE));
-    if available < updated && !completed {
-        Rollout::InProgress
-    } else {
+    if completed || (updated >= want && available >= updated) {
         Rollout::Complete
+    } else {
+        Rollout::InProgress
     }
 }
 
@@ -382,6 +387,26 @@ mod tests {
             serde_json::from_value(progressing("ReplicaSetUpdated", "2026-01-01T00:00:00Z"))
                 .unwrap();
         assert_eq!(deployment_rollout(&starting), Rollout::InProgress);
+    }
+
+    #[test]
+    fn a_scale_of_a_completed_rollout_is_not_rolling() {
+        // The Deployment controller records the new generation of a scale
+        // before the ReplicaSet's new pods are counted: for a moment, fewer
+        // updated replicas than wanted, and the rollout still complete.
+        let mut d = deployment(
+            json!({"observedGeneration": 3, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3,
+                   "conditions": progressing("NewReplicaSetAvailable", "2026-01-01T00:00:00Z")}),
+            3,
+        );
+        d.spec.as_mut().unwrap().replicas = Some(5);
+        assert_eq!(deployment_rollout(&d), Rollout::Complete);
+        // The same counts in a rollout that has not completed are a rollout.
+        let mut rolling = d.clone();
+        rolling.status.as_mut().unwrap().conditions =
+            serde_json::from_value(progressing("ReplicaSetUpdated", "2026-01-01T00:00:00Z"))
+                .unwrap();
+        assert_eq!(deployment_rollout(&rolling), Rollout::InProgress);
     }
 
     #[test]
