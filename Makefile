@@ -36,13 +36,21 @@ test: ## Build what is missing, start the local cluster, run every test, stop th
 bench: ## Run the benchmarks that need no cluster
 	$(CARGO) bench --bench spread_plan
 
+# The cluster benchmarks, in this order: each runs even when one before it failed, and the target
+# fails if any did. `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.
+CLUSTER_BENCHES ?= cluster_spread cluster_admission
+
 # The cluster is the one hack/test.sh uses (BALLAST_CLUSTER_DIR, else .cluster/); it stays up.
 .PHONY: bench-cluster
 bench-cluster: ## Cluster benchmarks against the local control plane (starts it if needed)
 	hack/build-cluster.sh
 	state="$${BALLAST_CLUSTER_DIR:-$(CLUSTER_DIR)}"; \
 	  BALLAST_CLUSTER_DIR="$$state" hack/cluster-up.sh && \
-	  KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" $(CARGO) bench --bench cluster_admission
+	  failed=""; \
+	  for b in $(CLUSTER_BENCHES); do \
+	    KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" $(CARGO) bench --bench "$$b" || failed="$$failed $$b"; \
+	  done; \
+	  if [ -n "$$failed" ]; then echo "bench-cluster: failed:$$failed" >&2; exit 1; fi
 
 .PHONY: run
 run: ## Run the operator on the local cluster with the examples applied

@@ -4,7 +4,7 @@
 //!
 //! Steps, one module each:
 //! - read: reflector caches of workloads and nodes (`run`), stripped to what
-//!   decisions need;
+//!   decisions need, woken only by changes a decision reads ([`read`]);
 //! - decide: [`plan`] (with [`terms`], [`merge`], [`select`],
 //!   [`feasibility`]) — pure;
 //! - write: [`write`] — server-side apply, the only place workloads change;
@@ -14,6 +14,7 @@ pub mod error;
 pub mod feasibility;
 pub mod merge;
 pub mod plan;
+pub mod read;
 pub mod select;
 pub mod status;
 pub mod terms;
@@ -32,10 +33,10 @@ use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
 use error::Error;
 use feasibility::NodeInfo;
-use futures::StreamExt;
+use futures::{StreamExt, stream::FuturesUnordered};
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::{Node, PodSpec},
+    core::v1::Node,
 };
 use kube::{
     Api, Resource, ResourceExt,
@@ -48,10 +49,14 @@ use kube::{
     },
 };
 use plan::{ANNOTATION_POLICY, Inputs};
+use read::{Relevant, node_fingerprint, strip_meta, strip_pod_spec};
 use serde::Deserialize;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 use tracker::Tracker;
@@ -62,6 +67,14 @@ pub const CONTROLLER: &str = "spread-policy";
 pub const FINALIZER: &str = "ballast.dev/spread-policy";
 
 type Policies = Store<Lenient<SpreadPolicy>>;
+
+/// Workload writes of one reconcile in flight at once. A policy that selects thousands of
+/// workloads fans out at the pace of the API server rather than of one round trip at a time,
+/// while the API server's priority and fairness sees a bounded number of our requests.
+pub const WRITE_CONCURRENCY: usize = 8;
+/// How soon a reconcile that met a 429 (after kube's own retries) tries again when the API
+/// server named no time.
+const THROTTLE_RETRY: Duration = Duration::from_secs(1);
 
 /// What every reconcile of this controller shares.
 pub struct State {
@@ -77,37 +90,6 @@ pub struct State {
     /// shared with the workload watches' mappers.
     tracker: Arc<Mutex<Tracker>>,
     outcomes: Outcomes,
-}
-
-/// Drops what no decision reads, so the caches stay small: managedFields,
-/// the last-applied annotation, and the containers and volumes of the pod
-/// template (ballast never writes whole objects, only apply patches).
-fn strip_pod_spec(spec: &mut PodSpec) {
-    spec.containers = Vec::new();
-    spec.init_containers = None;
-    spec.ephemeral_containers = None;
-    spec.volumes = None;
-}
-
-fn strip_meta(meta: &mut kube::api::ObjectMeta) {
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// Fields of a node that change which domains are schedulable.
-fn node_fingerprint(n: &Node) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let info = NodeInfo::from_node(n);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    info.labels.hash(&mut h);
-    info.ready.hash(&mut h);
-    info.unschedulable.hash(&mut h);
-    for t in &info.taints {
-        (&t.key, &t.value, &t.effect).hash(&mut h);
-    }
-    h.finish()
 }
 
 /// The policies in `w`'s namespace that select it, whose terms it carries,
@@ -154,6 +136,16 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         }
     })
     .reflect(deploy_writer)
+    .filter({
+        let mut relevant = Relevant::default();
+        move |ev| {
+            let pass = match ev {
+                Ok(ev) => relevant.pass(ev, Workload::from_deployment),
+                Err(_) => true,
+            };
+            futures::future::ready(pass)
+        }
+    })
     .touched_objects();
     let (stateful_sets, sts_writer) = reflector::store();
     let sts_stream = super::watch(
@@ -172,6 +164,16 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         }
     })
     .reflect(sts_writer)
+    .filter({
+        let mut relevant = Relevant::default();
+        move |ev| {
+            let pass = match ev {
+                Ok(ev) => relevant.pass(ev, Workload::from_stateful_set),
+                Err(_) => true,
+            };
+            futures::future::ready(pass)
+        }
+    })
     .touched_objects();
     let (nodes, node_writer) = reflector::store();
     let mut fingerprints: HashMap<String, u64> = HashMap::new();
@@ -458,6 +460,9 @@ async fn sync(
         tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
         return Ok(Action::await_change());
     }
+    if let Some(delay) = outcome.throttled {
+        return Ok(Action::requeue(delay));
+    }
     if outcome.retry_soon {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -479,10 +484,36 @@ struct Performed {
     rejected: Vec<(String, String)>,
     /// A write met a newer workload than the cache had: merge again soon.
     retry_soon: bool,
+    /// The API server throttled us (429 after kube's own retries): the writes not made yet
+    /// wait this long, and nothing has failed.
+    throttled: Option<Duration>,
     transient: Option<Error>,
 }
 
-/// Makes the plan's writes, remembering the template changes for pacing.
+/// Sends one write, unless a 429 has been met meanwhile (then `None`: not sent).
+async fn write_one<'a>(
+    st: &State,
+    ns: &str,
+    policy: &str,
+    throttled: &AtomicBool,
+    w: &'a plan::Write,
+    live: &Workload,
+) -> (&'a plan::Write, Option<kube::Result<write::Outcome>>) {
+    if throttled.load(Ordering::Relaxed) {
+        return (w, None);
+    }
+    let body = write::body(w, ns, live);
+    tracing::debug!(policy, workload = %w_display(w.kind, &w.name), generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
+    let result = write::write_workload(&st.ctx.client, ns, w.kind, &w.name, &body).await;
+    if matches!(&result, Err(kube::Error::Api(s)) if s.code == 429) {
+        throttled.store(true, Ordering::Relaxed);
+    }
+    (w, Some(result))
+}
+
+/// Makes the plan's writes, at most [`WRITE_CONCURRENCY`] at once, remembering the template
+/// changes for pacing. Each write costs O(1) here whatever the number of workloads: the live
+/// workloads are looked up by key, and one Event per outcome sums up the whole batch.
 async fn perform(
     st: &State,
     policy: &SpreadPolicy,
@@ -491,19 +522,33 @@ async fn perform(
 ) -> Performed {
     let ns = policy.namespace().unwrap_or_default();
     let name = policy.name_any();
+    let live: HashMap<(WorkloadKind, &str), &Workload> = workloads
+        .iter()
+        .map(|w| ((w.kind, w.name.as_str()), w))
+        .collect();
+    // Set by a 429: the writes not started yet wait for the next reconcile.
+    let throttled = AtomicBool::new(false);
+    let mut jobs = plan
+        .writes
+        .iter()
+        .filter_map(|w| live.get(&(w.kind, w.name.as_str())).map(|l| (w, *l)));
+    // A bounded window of writes in flight (a loop rather than a stream combinator, whose
+    // closures over borrowed writes the compiler cannot prove Send for every lifetime).
+    let mut running = FuturesUnordered::new();
+    for (w, l) in jobs.by_ref().take(WRITE_CONCURRENCY) {
+        running.push(write_one(st, &ns, &name, &throttled, w, l));
+    }
+
     let mut out = Performed::default();
-    for w in &plan.writes {
-        let Some(live) = workloads
-            .iter()
-            .find(|x| x.kind == w.kind && x.name == w.name)
-        else {
-            continue;
-        };
-        let body = write::body(w, &ns, live);
+    let (mut applied, mut removed) = (Vec::new(), Vec::new());
+    while let Some((w, result)) = running.next().await {
+        if let Some((w, l)) = jobs.next() {
+            running.push(write_one(st, &ns, &name, &throttled, w, l));
+        }
+        let Some(result) = result else { continue };
         let target = w_display(w.kind, &w.name);
         let kind = format!("{:?}", w.kind);
-        tracing::debug!(policy = %name, workload = %target, generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
-        match write::write_workload(&st.ctx.client, &ns, w.kind, &w.name, &body).await {
+        match result {
             Ok(done) => {
                 let outcome = if w.is_removal() { "removed" } else { "applied" };
                 st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
@@ -516,21 +561,11 @@ async fn perform(
                         g,
                     );
                 }
-                let (reason, note) = if w.is_removal() {
-                    (
-                        "TermsRemoved",
-                        format!("{target}: removed this policy's terms"),
-                    )
+                if w.is_removal() {
+                    removed.push(target);
                 } else {
-                    (
-                        "TermsApplied",
-                        format!(
-                            "{target}: {} term(s) of this policy in the pod template",
-                            w.merged.ours.len()
-                        ),
-                    )
-                };
-                publish(st, policy, false, reason, note).await;
+                    applied.push((target, w.merged.ours.len()));
+                }
             }
             // Deleted since the cache read: nothing to take out or put in.
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -541,6 +576,13 @@ async fn perform(
                 // The workload changed since the cache read: merge again.
                 st.ctx.metrics.count_write(CONTROLLER, &kind, "conflict");
                 out.retry_soon = true;
+            }
+            // Throttled beyond kube's own retries: back off, and fail nothing.
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "throttled");
+                let delay = write::throttle_delay(&s, THROTTLE_RETRY);
+                out.throttled = Some(out.throttled.map_or(delay, |d| d.max(delay)));
+                tracing::debug!(policy = %name, namespace = %ns, workload = %target, ?delay, "workload write throttled");
             }
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
                 st.ctx.metrics.count_write(CONTROLLER, &kind, "rejected");
@@ -555,6 +597,24 @@ async fn perform(
                 });
             }
         }
+    }
+    if let [(_, terms)] = applied.as_slice() {
+        let single = format!("{terms} term(s) of this policy in the pod template");
+        let targets = [applied[0].0.clone()];
+        let note = status::written_note(&targets, &single, "");
+        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
+    } else if !applied.is_empty() {
+        let targets: Vec<String> = applied.into_iter().map(|(t, _)| t).collect();
+        let note = status::written_note(&targets, "", "now carry this policy's terms");
+        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
+    }
+    if !removed.is_empty() {
+        let note = status::written_note(
+            &removed,
+            "removed this policy's terms",
+            "had this policy's terms removed",
+        );
+        publish(st, policy, false, status::reason::TERMS_REMOVED, note).await;
     }
     out
 }

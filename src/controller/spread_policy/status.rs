@@ -29,6 +29,9 @@ pub mod reason {
     pub const INSUFFICIENT_DOMAINS: &str = "InsufficientDomains";
     pub const NODES_MISSING_TOPOLOGY_LABEL: &str = "NodesMissingTopologyLabel";
     pub const FEASIBLE: &str = "Feasible";
+    /// Events only: workloads written with the policy's terms, or with them taken out.
+    pub const TERMS_APPLIED: &str = "TermsApplied";
+    pub const TERMS_REMOVED: &str = "TermsRemoved";
 }
 
 /// Longest condition message; the rest is summarised.
@@ -279,9 +282,65 @@ pub fn events_for(old: &[Condition], new: &[Condition]) -> Vec<EventSpec> {
     out
 }
 
+/// Workloads an Event names before it only counts the rest.
+pub const EVENT_NAMES: usize = 10;
+
+/// One Event's note for the workloads that one reconcile wrote: `single` says what happened
+/// to one workload; for more, the note names the first [`EVENT_NAMES`] (sorted) and counts
+/// the rest, so a policy fanned out to thousands of workloads publishes one Event, not one
+/// per workload. Pure.
+pub fn written_note(targets: &[String], single: &str, many: &str) -> String {
+    if let [one] = targets {
+        return format!("{one}: {single}");
+    }
+    let mut sorted: Vec<&String> = targets.iter().collect();
+    sorted.sort();
+    let named: Vec<&str> = sorted
+        .iter()
+        .take(EVENT_NAMES)
+        .map(|s| s.as_str())
+        .collect();
+    let more = targets.len().saturating_sub(EVENT_NAMES);
+    let rest = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} workloads {many}: {}{rest}",
+        targets.len(),
+        named.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_event_names_a_bounded_number_of_written_workloads() {
+        let one = written_note(&["Deployment/web".into()], "2 term(s)", "carry terms");
+        assert_eq!(one, "Deployment/web: 2 term(s)");
+        let many: Vec<String> = (0..1000)
+            .rev()
+            .map(|i| format!("Deployment/d-{i:04}"))
+            .collect();
+        let note = written_note(&many, "2 term(s)", "now carry this policy's terms");
+        assert!(
+            note.starts_with("1000 workloads now carry this policy's terms: Deployment/d-0000, Deployment/d-0001,"),
+            "{note}"
+        );
+        assert!(note.ends_with("Deployment/d-0009 and 990 more"), "{note}");
+        let few = written_note(
+            &["Deployment/b".into(), "Deployment/a".into()],
+            "",
+            "had this policy's terms removed",
+        );
+        assert_eq!(
+            few,
+            "2 workloads had this policy's terms removed: Deployment/a, Deployment/b"
+        );
+    }
     use serde_json::json;
 
     fn policy() -> SpreadPolicy {

@@ -26,6 +26,7 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde_json::{Map, Value, json};
+use std::time::Duration;
 
 /// A write, ready to send.
 #[derive(Clone, Debug, PartialEq)]
@@ -208,6 +209,15 @@ pub fn apply_body(w: &Write, namespace: &str, live: &Workload) -> Value {
     body
 }
 
+/// How long a 429 asks us to wait: its `Retry-After` (in the Status details), else `fallback`.
+pub fn throttle_delay(s: &kube::core::Status, fallback: Duration) -> Duration {
+    s.details
+        .as_ref()
+        .map(|d| d.retry_after_seconds)
+        .filter(|secs| *secs > 0)
+        .map_or(fallback, |secs| Duration::from_secs(u64::from(secs)))
+}
+
 /// What a write left: the workload's uid and generation afterwards.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
@@ -271,6 +281,19 @@ mod tests {
     use crate::controller::spread_policy::merge::{Merged, merge};
     use crate::controller::spread_policy::plan::recorded_terms;
     use crate::controller::spread_policy::terms::Terms;
+
+    #[test]
+    fn a_429_waits_as_long_as_the_api_server_asks() {
+        let mut s: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 429, "reason": "TooManyRequests",
+            "details": {"retryAfterSeconds": 3},
+        }))
+        .unwrap();
+        let fallback = Duration::from_secs(1);
+        assert_eq!(throttle_delay(&s, fallback), Duration::from_secs(3));
+        s.details = None;
+        assert_eq!(throttle_delay(&s, fallback), fallback);
+    }
 
     fn write(merged: Merged, owner: Option<&str>) -> Write {
         Write {

@@ -1,0 +1,1109 @@
+//! `make bench-cluster`: how fast a SpreadPolicy fans out to N Deployments, side by side with a
+//! single client applying the same change (issue 9, P1; with P4 and P8 from the same runs).
+//!
+//! Against the local control plane of `KUBECONFIG` (127.0.0.1 only), for each N of
+//! `BALLAST_BENCH_SPREAD_N` (1000 and 5000), in one run:
+//! - three namespaces, each with the same N Deployments (`replicas: 0`, so only the writes and the
+//!   deployment controller's own work count), labelled `tier: bench`;
+//! - the floor: `kubectl apply --server-side` of exactly the apply configurations ballast writes
+//!   (the same term, owner annotation and record) to the N Deployments of the first namespace, in
+//!   one invocation: one client, one write per Deployment, from start to exit (the floor of
+//!   issue 9); and a stricter one: the same apply configurations sent to the N Deployments of a
+//!   second namespace by one kube client with as many in flight as ballast writes at once
+//!   (`WRITE_CONCURRENCY`); each floor's time, like ballast's, runs until the bench's watch of its
+//!   namespace has seen all N carry the term (or until its writes returned, if later);
+//! - ballast: the real operator binary (release build, under the manager's ServiceAccount from
+//!   `config/`, watching only the second namespace) is started and left to settle; then a
+//!   SpreadPolicy that selects `tier: bench` (`rollout.maxConcurrent: 0`) is created, and the time
+//!   runs until the bench's own watch of the namespace has seen all N carry the term. The watch
+//!   is the only thing the bench asks of the API server meanwhile: no polling.
+//! - the operator's template writes and all of its API requests, from its own
+//!   `ballast_api_requests_total` (scraped on loopback before the policy and once it has been
+//!   quiet after convergence), and its resident memory (`/proc`: now and peak).
+//!
+//! All namespaces are filled before any phase, so the deployment controller's backlog
+//! (it is limited to 20 requests/s and lags behind creations and template changes alike) is the
+//! same background for all phases. The operator is stopped, the policy's finalizer dropped and the
+//! namespaces deleted whatever happens (error, panic, Ctrl-C, SIGTERM, SIGHUP).
+//!
+//! It prints one table (measure, floor, ballast, ratio, goal, pass/fail) and writes it as JSON
+//! to `bench/results/cluster_spread-<UTC time>.json`. Settings (environment):
+//! BALLAST_BENCH_SPREAD_N (`1000,5000`), BALLAST_BENCH_CONCURRENCY (8: creations in flight
+//! during setup), BALLAST_BENCH_QUIET_SECS (5: how long the operator's request counter must
+//! stand still before and after the measured phase). Results: docs/benchmarks.md.
+
+#[path = "support/mod.rs"]
+mod support;
+use support::{Kubectl, client, env_usize, repo_root};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use ballast::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use ballast::controller::spread_policy::{
+    WRITE_CONCURRENCY,
+    merge::merge,
+    plan::{ANNOTATION_TERMS, Write, record_text},
+    terms::{Terms, desired_terms},
+    workload::Workload,
+    write::apply_body,
+};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use serde_json::{Value, json};
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant, SystemTime},
+};
+
+const POLICY: &str = "bench-spread";
+const FLOOR_MANAGER: &str = "bench-floor";
+const LABEL: (&str, &str) = ("tier", "bench");
+/// Longest wait for the operator to converge (it fails the bench, not hangs it).
+const CONVERGE_LIMIT: Duration = Duration::from_secs(1800);
+
+struct Settings {
+    sizes: Vec<usize>,
+    concurrency: usize,
+    quiet: Duration,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self> {
+        let sizes = std::env::var("BALLAST_BENCH_SPREAD_N").unwrap_or_else(|_| "1000,5000".into());
+        let sizes = sizes
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("BALLAST_BENCH_SPREAD_N: {s}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ensure!(
+            !sizes.is_empty() && sizes.iter().all(|n| *n > 0),
+            "BALLAST_BENCH_SPREAD_N must list sizes of at least 1"
+        );
+        Ok(Settings {
+            sizes,
+            concurrency: env_usize("BALLAST_BENCH_CONCURRENCY", 8)?,
+            quiet: Duration::from_secs(env_usize("BALLAST_BENCH_QUIET_SECS", 5)? as u64),
+        })
+    }
+}
+
+/// Installs config/default (CRDs, RBAC, the manager's ServiceAccount) as the tests do, and
+/// writes a kubeconfig that authenticates as that ServiceAccount: the operator runs with
+/// exactly the RBAC users deploy.
+fn operator_kubeconfig(kubectl: &Kubectl, dir: &Path) -> Result<PathBuf> {
+    kubectl.run(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-k",
+            "config/default",
+        ],
+        None,
+    )?;
+    kubectl.run(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/spreadpolicies.ballast.dev",
+        ],
+        None,
+    )?;
+    let token = kubectl.run(
+        &[
+            "create",
+            "token",
+            "ballast-controller-manager",
+            "-n",
+            "ballast-system",
+            "--duration=6h",
+        ],
+        None,
+    )?;
+    let view = |path: &str, raw: bool| {
+        let mut args = vec!["config", "view", "--minify", "-o", path];
+        if raw {
+            args.push("--raw");
+        }
+        kubectl.run(&args, None)
+    };
+    let server = view("jsonpath={.clusters[0].cluster.server}", false)?;
+    let ca = view(
+        "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+        true,
+    )?;
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: ballast\n  user:\n    token: {}\ncontexts:\n- name: ballast\n  context: {{cluster: local, user: ballast, namespace: ballast-system}}\n\
+         current-context: ballast\n",
+        token.trim()
+    );
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("operator.kubeconfig");
+    std::fs::write(&path, yaml)?;
+    Ok(path)
+}
+
+/// Waits until the API server admits Deployments again after config/default was applied: its
+/// admission policies refuse every Deployment write until their param kind is synced.
+async fn admission_synced(client: &Client) -> Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match api
+            .create(&dry, &deployment("bench-admission-probe")?)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("[bench] waiting for admission to take up config/default: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn deployment(name: &str) -> Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": {LABEL.0: LABEL.1, "app": name}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "registry.invalid/bench:1"}]},
+            },
+        },
+    }))?)
+}
+
+fn policy() -> Result<SpreadPolicy> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "ballast.dev/v1alpha1", "kind": "SpreadPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {
+            "selector": {"matchLabels": {LABEL.0: LABEL.1}},
+            "kinds": ["Deployment"],
+            "spread": [{"topologyKey": "topology.kubernetes.io/zone", "mode": "Required"}],
+            "rollout": {"maxConcurrent": 0},
+        },
+    }))?)
+}
+
+/// The terms the policy puts into `d`, and the apply configuration that writes them (what
+/// ballast sends, without the resourceVersion precondition, as `kubectl apply` sends it).
+fn terms_and_body(p: &SpreadPolicy, d: &Deployment, ns: &str) -> (String, Value) {
+    let w = Workload::from_deployment(d);
+    let desired = desired_terms(&p.spec, WorkloadKind::Deployment, &w.selector);
+    let merged = merge(&w, &Terms::default(), &desired);
+    let record = record_text(&merged.ours);
+    let write = Write {
+        kind: WorkloadKind::Deployment,
+        name: d.name_any(),
+        merged,
+        owner: Some(POLICY.into()),
+        resource_version: None,
+    };
+    (record, apply_body(&write, ns, &w))
+}
+
+/// The record of our terms in `d`'s pod template, if any.
+fn record_of(d: &Deployment) -> Option<&str> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_TERMS)
+        .map(String::as_str)
+}
+
+async fn create_namespace(api: &Api<Namespace>, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [(
+                    "ballast.dev/bench".to_string(),
+                    "cluster-spread".to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
+async fn create_deployments(api: &Api<Deployment>, n: usize, c: usize) -> Result<Vec<Deployment>> {
+    let objects = (0..n)
+        .map(|i| deployment(&format!("d-{i:05}")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(stream::iter(objects)
+        .map(|o| async move { api.create(&PostParams::default(), &o).await })
+        .buffer_unordered(c)
+        .try_collect::<Vec<_>>()
+        .await?)
+}
+
+/// The operator binary of this build (release), watching one namespace. Stopped when dropped.
+struct Operator {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn start(kubeconfig: &Path, dir: &Path, namespace: &str) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let log = dir.join(format!("operator-{namespace}.log"));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .env("KUBECONFIG", kubeconfig)
+            .env(
+                "RUST_LOG",
+                std::env::var("BALLAST_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .args([
+                "--http-addr",
+                &format!("127.0.0.1:{port}"),
+                "--watch-namespace",
+                namespace,
+                "--lease-namespace",
+                "ballast-system",
+                "--lease-name",
+                &format!("ballast-{namespace}"),
+            ])
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .context("starting the operator")?;
+        Ok(Operator { child, port, log })
+    }
+
+    /// GETs a path of the operator's HTTP server on loopback (not the API server).
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.ok()?;
+        let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+        let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((code, body))
+    }
+
+    async fn metrics(&self) -> Result<Requests> {
+        Ok(Requests::parse(&self.metrics_text().await?))
+    }
+
+    async fn metrics_text(&self) -> Result<String> {
+        match self.get("/metrics").await {
+            Some((200, body)) => Ok(body),
+            other => bail!("the operator's /metrics answered {other:?}"),
+        }
+    }
+
+    /// CPU time used so far (user + system), in seconds.
+    fn cpu_secs(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // utime and stime are fields 14 and 15 of /proc/<pid>/stat, 11 and 12 after the name.
+        Ok((ticks(11) + ticks(12)) / 100.0)
+    }
+
+    /// Waits until it leads and its request counter has stood still for `quiet` (its caches
+    /// are synced and its first reconciles done).
+    async fn settle(&mut self, quiet: Duration) -> Result<Requests> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last: Option<(Requests, Instant)> = None;
+        loop {
+            ensure!(
+                self.child.try_wait()?.is_none(),
+                "the operator exited; its log: {}",
+                self.log.display()
+            );
+            if Instant::now() > deadline {
+                let moving = match &last {
+                    Some((prev, _)) => format!("{:?}", self.metrics().await?.since(prev)),
+                    None => "no metrics, or not the leader".into(),
+                };
+                bail!(
+                    "the operator did not settle in 2 minutes (still counting: {moving}); its log: {}",
+                    self.log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let Some((200, body)) = self.get("/metrics").await else {
+                continue;
+            };
+            if !body.lines().any(|l| l == "ballast_leader 1") {
+                continue;
+            }
+            let now = Requests::parse(&body);
+            match &last {
+                Some((prev, since)) if *prev == now => {
+                    if since.elapsed() >= quiet {
+                        return Ok(now);
+                    }
+                }
+                _ => last = Some((now, Instant::now())),
+            }
+        }
+    }
+
+    /// Resident memory now and at its peak, in MiB.
+    fn rss_mib(&self) -> Result<(f64, f64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kib = |key: &str| -> Result<f64> {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .ok_or_else(|| anyhow!("{key} in /proc/<operator>/status"))?;
+            Ok(line
+                .split_whitespace()
+                .nth(1)
+                .ok_or_else(|| anyhow!("{line}"))?
+                .parse::<f64>()?)
+        };
+        Ok((kib("VmRSS:")? / 1024.0, kib("VmHWM:")? / 1024.0))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ballast_api_requests_total`, by `(verb, group, resource, code)`, but for the Lease.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Requests(BTreeMap<(String, String, String, String), u64>);
+
+/// The SpreadPolicy controller's own counters of a /metrics page: reconciles and workload
+/// writes by outcome, by their series as printed.
+fn spread_counters(metrics: &str) -> BTreeMap<String, f64> {
+    metrics
+        .lines()
+        .filter(|l| {
+            (l.starts_with("ballast_reconciles_total{")
+                || l.starts_with("ballast_workload_writes_total{")
+                || l.starts_with("ballast_reconcile_errors_total{"))
+                && l.contains("controller=\"spread-policy\"")
+        })
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+impl Requests {
+    fn parse(metrics: &str) -> Self {
+        let label = |line: &str, key: &str| -> String {
+            let Some(start) = line.find(&format!("{key}=\"")) else {
+                return String::new();
+            };
+            let rest = &line[start + key.len() + 2..];
+            rest[..rest.find('"').unwrap_or(rest.len())].to_string()
+        };
+        Requests(
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("ballast_api_requests_total{"))
+                // The leader renews its Lease every few seconds, whatever else it does.
+                .filter(|l| !l.contains("resource=\"leases\""))
+                .map(|l| {
+                    let count = l
+                        .rsplit(' ')
+                        .next()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or(0.0) as u64;
+                    let key = (
+                        label(l, "verb"),
+                        label(l, "group"),
+                        label(l, "resource"),
+                        label(l, "code"),
+                    );
+                    (key, count)
+                })
+                .collect(),
+        )
+    }
+
+    /// What was counted since `before`, by `(verb, group, resource, code)`.
+    fn since(&self, before: &Requests) -> BTreeMap<(String, String, String, String), u64> {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0)))
+            .filter(|(_, v)| *v > 0)
+            .collect()
+    }
+}
+
+/// Stops the operator, drops the policy's finalizer and deletes the namespaces when dropped.
+struct Cleanup {
+    kubectl: Kubectl,
+    namespaces: Vec<String>,
+    operator: Option<Operator>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        // First the operator: with it gone, nothing takes the terms out again.
+        drop(self.operator.take());
+        for ns in &self.namespaces {
+            let _ = self.kubectl.run(
+                &[
+                    "patch",
+                    "-n",
+                    ns,
+                    &format!("spreadpolicy/{POLICY}"),
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ],
+                None,
+            );
+        }
+        support::delete_namespaces(&self.kubectl, &self.namespaces, "600s");
+    }
+}
+
+const USER_HZ: f64 = 100.0;
+
+/// utime + stime of a process (with those of its waited-for children when `children`), in
+/// seconds; 0 for one that is gone.
+fn process_cpu(pid: u32, children: bool) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces; utime,
+    // stime, cutime and cstime are fields 14 to 17 of proc(5), 11 to 14 after the name.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let field = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    let own = field(11) + field(12);
+    (if children {
+        own + field(13) + field(14)
+    } else {
+        own
+    }) / USER_HZ
+}
+
+/// Busy time of all CPUs (user, nice, system, irq, softirq, steal), in seconds.
+fn machine_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let field = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    (field(0) + field(1) + field(2) + field(5) + field(6) + field(7)) / USER_HZ
+}
+
+/// The machine's CPU time used by everyone but this cluster's control plane (its pid files
+/// next to the kubeconfig), the operator and this bench (kubectl included): another session's
+/// build or tests on a shared machine, which the numbers of a phase then include.
+struct Background {
+    pids: Vec<u32>,
+}
+
+impl Background {
+    fn of_cluster(kubeconfig: &Path) -> Self {
+        let dir = kubeconfig.parent().unwrap_or(Path::new(".")).join("pids");
+        let pids = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        Background { pids }
+    }
+
+    /// Others' CPU seconds so far.
+    fn others(&self, operator: Option<u32>) -> f64 {
+        let ours: f64 = self
+            .pids
+            .iter()
+            .chain(operator.as_ref())
+            .map(|p| process_cpu(*p, false))
+            .sum::<f64>()
+            + process_cpu(std::process::id(), true);
+        machine_cpu() - ours
+    }
+}
+
+/// What one size measured.
+#[derive(Debug, serde::Serialize)]
+struct SizeResult {
+    n: usize,
+    floor_secs: f64,
+    floor_writes: usize,
+    /// The same writes from one kube client with as many in flight as ballast's writes.
+    parallel_floor_secs: f64,
+    ballast_secs: f64,
+    /// The operator's PATCHes of Deployments (its only way of writing them) from the policy's
+    /// creation until it was quiet after convergence.
+    ballast_template_writes: u64,
+    /// Every request the operator made meanwhile, watches excluded.
+    ballast_requests: u64,
+    /// Those requests by `verb group/resource code`.
+    ballast_requests_by_kind: BTreeMap<String, u64>,
+    /// Cores used by other processes of the machine during the floor, the stricter floor and
+    /// ballast's phase (see [`Background`]).
+    others_cores: [f64; 3],
+    rss_mib: f64,
+    peak_rss_mib: f64,
+    /// RSS once settled with the N Deployments cached, before the policy was created.
+    idle_rss_mib: f64,
+    /// The operator's CPU time from the policy's creation until convergence, and until quiet.
+    ballast_cpu_secs_to_converge: f64,
+    ballast_cpu_secs_to_quiet: f64,
+    /// Reconciles and write outcomes of the SpreadPolicy controller meanwhile.
+    spread_counters: BTreeMap<String, f64>,
+}
+
+/// A watch of `api`'s Deployments, past its initial list (in which none carries the term yet).
+async fn watch_from_now(
+    api: &Api<Deployment>,
+) -> Result<futures::stream::BoxStream<'static, Result<watcher::Event<Deployment>, watcher::Error>>>
+{
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    loop {
+        match events.next().await {
+            Some(Ok(watcher::Event::InitDone)) => return Ok(events),
+            Some(Err(e)) => return Err(e.into()),
+            None => bail!("the watch ended"),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+/// Waits for the watch `events` to show all `want` Deployments carrying `record`; returns when.
+async fn converged(
+    events: &mut (
+             impl futures::Stream<Item = Result<watcher::Event<Deployment>, watcher::Error>> + Unpin
+         ),
+    record: &BTreeMap<String, String>,
+    want: usize,
+) -> Result<Instant> {
+    let mut carrying = HashSet::new();
+    let limit = tokio::time::sleep(CONVERGE_LIMIT);
+    tokio::pin!(limit);
+    loop {
+        let ev = tokio::select! {
+            ev = events.next() => ev.ok_or_else(|| anyhow!("the watch ended"))??,
+            _ = &mut limit => bail!("not converged within {CONVERGE_LIMIT:?}: {} of {want}", carrying.len()),
+        };
+        let mut see = |d: &Deployment| {
+            let name = d.name_any();
+            if record_of(d) == record.get(&name).map(String::as_str) {
+                carrying.insert(name);
+            } else {
+                carrying.remove(&name);
+            }
+        };
+        match &ev {
+            watcher::Event::Apply(d) | watcher::Event::InitApply(d) => see(d),
+            watcher::Event::Delete(d) => {
+                carrying.remove(&d.name_any());
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+        if carrying.len() == want {
+            return Ok(Instant::now());
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    s: &Settings,
+    background: &Background,
+    n: usize,
+    client: &Client,
+    kubectl: &Kubectl,
+    operator_kubeconfig: &Path,
+    dir: &Path,
+) -> Result<SizeResult> {
+    let suffix = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)?
+        .as_secs()
+        % 1_000_000;
+    let [ns_floor, ns_parallel, ns_ballast] =
+        ["floor", "floor8", "ballast"].map(|k| format!("bench-spread-{suffix:06}-{n}-{k}"));
+    let mut cleanup = Cleanup {
+        kubectl: kubectl.clone(),
+        namespaces: vec![ns_floor.clone(), ns_parallel.clone(), ns_ballast.clone()],
+        operator: None,
+    };
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let t = Instant::now();
+    for ns in [&ns_floor, &ns_parallel, &ns_ballast] {
+        create_namespace(&namespaces, ns).await?;
+    }
+    let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_floor);
+    let parallel_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_parallel);
+    let ballast_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_ballast);
+    let floor_ds = create_deployments(&floor_api, n, s.concurrency).await?;
+    let parallel_ds = create_deployments(&parallel_api, n, s.concurrency).await?;
+    let ballast_ds = create_deployments(&ballast_api, n, s.concurrency).await?;
+    eprintln!(
+        "[bench] N={n}: {n} Deployments in each of {ns_floor}, {ns_parallel} and {ns_ballast} ({:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
+
+    let p = policy()?;
+    // The floor: one client, the same apply configurations, one invocation. Like ballast's, its
+    // time runs until the bench's watch has seen all N carry the term (or until kubectl exits,
+    // if that is later), so both pay for the same watch.
+    let bodies: Vec<Value> = floor_ds
+        .iter()
+        .map(|d| terms_and_body(&p, d, &ns_floor).1)
+        .collect();
+    let records = |ds: &[Deployment], ns: &str| -> BTreeMap<String, String> {
+        ds.iter()
+            .map(|d| (d.name_any(), terms_and_body(&p, d, ns).0))
+            .collect()
+    };
+    let manifest = json!({"apiVersion": "v1", "kind": "List", "items": bodies}).to_string();
+    tokio::time::sleep(s.quiet).await;
+    let mut events = watch_from_now(&floor_api).await?;
+    let others0 = background.others(None);
+    let t = Instant::now();
+    let apply = {
+        let kubectl = kubectl.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = kubectl.run(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    &format!("--field-manager={FLOOR_MANAGER}"),
+                    // Apply configurations are partial objects: only the API server can
+                    // validate them.
+                    "--validate=false",
+                    "-f",
+                    "-",
+                ],
+                Some(&manifest),
+            );
+            (out, Instant::now())
+        })
+    };
+    let floor_records = records(&floor_ds, &ns_floor);
+    let (applied, seen) = tokio::join!(apply, converged(&mut events, &floor_records, n));
+    let (out, exited) = applied?;
+    let (out, seen) = (out?, seen?);
+    drop(events);
+    let floor_secs = seen.max(exited).duration_since(t).as_secs_f64();
+    let floor_others = (background.others(None) - others0) / floor_secs;
+    let floor_writes = out
+        .lines()
+        .filter(|l| l.contains("serverside-applied"))
+        .count();
+    ensure!(
+        floor_writes == n,
+        "kubectl applied {floor_writes} of {n} Deployments"
+    );
+    eprintln!("[bench] N={n}: floor {floor_secs:.2} s (kubectl apply --server-side, {n} objects)");
+
+    // A stricter floor: the same apply configurations from one kube client, as many in flight
+    // as ballast writes at once; timed the same way.
+    let bodies: Vec<(String, Value)> = parallel_ds
+        .iter()
+        .map(|d| (d.name_any(), terms_and_body(&p, d, &ns_parallel).1))
+        .collect();
+    tokio::time::sleep(s.quiet).await;
+    let pp = PatchParams::apply(FLOOR_MANAGER).force();
+    let mut events = watch_from_now(&parallel_api).await?;
+    let parallel_records = records(&parallel_ds, &ns_parallel);
+    let others0 = background.others(None);
+    let t = Instant::now();
+    let writes = async {
+        stream::iter(bodies)
+            .map(|(name, body)| {
+                let (api, pp) = (&parallel_api, &pp);
+                async move { api.patch(&name, pp, &Patch::Apply(body)).await.map(drop) }
+            })
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| Instant::now())
+    };
+    let (written, seen) = tokio::join!(writes, converged(&mut events, &parallel_records, n));
+    drop(events);
+    let parallel_secs = seen?.max(written?).duration_since(t).as_secs_f64();
+    let parallel_others = (background.others(None) - others0) / parallel_secs;
+    eprintln!(
+        "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight {parallel_secs:.2} s (kube client, {n} server-side applies)"
+    );
+
+    // Ballast.
+    let records = records(&ballast_ds, &ns_ballast);
+    let t = Instant::now();
+    let mut operator = Operator::start(operator_kubeconfig, dir, &ns_ballast)?;
+    let before = operator.settle(s.quiet).await?;
+    // Its caches hold the N Deployments (and their ReplicaSets) before any policy exists.
+    let (idle_rss_mib, _) = operator.rss_mib()?;
+    eprintln!(
+        "[bench] N={n}: operator settled ({:.1} s, log {})",
+        t.elapsed().as_secs_f64(),
+        operator.log.display()
+    );
+    let mut events = watch_from_now(&ballast_api).await?;
+    let policies: Api<SpreadPolicy> = Api::namespaced(client.clone(), &ns_ballast);
+    let counters_before = spread_counters(&operator.metrics_text().await?);
+    let cpu0 = operator.cpu_secs()?;
+    let operator_pid = Some(operator.child.id());
+    let others0 = background.others(operator_pid);
+    let t0 = Instant::now();
+    policies.create(&PostParams::default(), &p).await?;
+    let t1 = converged(&mut events, &records, n).await?;
+    let ballast_secs = t1.duration_since(t0).as_secs_f64();
+    let ballast_cpu_secs_to_converge = operator.cpu_secs()? - cpu0;
+    let ballast_others = (background.others(operator_pid) - others0) / ballast_secs;
+    drop(events);
+    eprintln!(
+        "[bench] N={n}: ballast {ballast_secs:.2} s (policy created → all {n} carry the term)"
+    );
+    let after = operator.settle(s.quiet).await?;
+    let (rss_mib, peak_rss_mib) = operator.rss_mib()?;
+    let ballast_cpu_secs_to_quiet = operator.cpu_secs()? - cpu0;
+    let spread_counters = spread_counters(&operator.metrics_text().await?)
+        .into_iter()
+        .map(|(k, v)| {
+            let d = v - counters_before.get(&k).copied().unwrap_or(0.0);
+            (k, d)
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    cleanup.operator = Some(operator);
+    let delta = after.since(&before);
+    let ballast_template_writes = delta
+        .iter()
+        .filter(|((verb, group, resource, _), _)| {
+            verb == "patch" && group == "apps" && resource == "deployments"
+        })
+        .map(|(_, v)| v)
+        .sum();
+    let ballast_requests = delta
+        .iter()
+        .filter(|((verb, ..), _)| verb != "watch")
+        .map(|(_, v)| v)
+        .sum();
+    let ballast_requests_by_kind = delta
+        .iter()
+        .map(|((verb, group, resource, code), v)| {
+            let gr = if group.is_empty() {
+                resource.clone()
+            } else {
+                format!("{group}/{resource}")
+            };
+            (format!("{verb} {gr} {code}"), *v)
+        })
+        .collect();
+    // The policy's status must agree with the watch.
+    let status = policies.get(POLICY).await?.status.unwrap_or_default();
+    ensure!(
+        status.applied == Some(n as i32) && status.matched == Some(n as i32),
+        "the policy's status says matched {:?} applied {:?}, expected {n}",
+        status.matched,
+        status.applied
+    );
+    drop(cleanup);
+    Ok(SizeResult {
+        n,
+        floor_secs,
+        floor_writes,
+        parallel_floor_secs: parallel_secs,
+        others_cores: [floor_others, parallel_others, ballast_others],
+        ballast_secs,
+        ballast_template_writes,
+        ballast_requests,
+        ballast_requests_by_kind,
+        rss_mib,
+        peak_rss_mib,
+        idle_rss_mib,
+        ballast_cpu_secs_to_converge,
+        ballast_cpu_secs_to_quiet,
+        spread_counters,
+    })
+}
+
+/// One row of the table.
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    id: &'static str,
+    measure: String,
+    floor: String,
+    ballast: String,
+    ratio: String,
+    goal: String,
+    pass: bool,
+}
+
+fn rows(results: &[SizeResult]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for r in results {
+        let ratio = r.ballast_secs / r.floor_secs;
+        rows.push(Row {
+            id: "P1",
+            measure: format!("N={}: policy created → all carry the term, s", r.n),
+            floor: format!("{:.2}", r.floor_secs),
+            ballast: format!("{:.2}", r.ballast_secs),
+            ratio: format!("{ratio:.2}"),
+            goal: "≤ 1.2× floor".into(),
+            pass: ratio <= 1.2,
+        });
+        let strict = r.ballast_secs / r.parallel_floor_secs;
+        rows.push(Row {
+            id: "P1",
+            measure: format!(
+                "N={}: the same, floor = one kube client, {WRITE_CONCURRENCY} in flight",
+                r.n
+            ),
+            floor: format!("{:.2}", r.parallel_floor_secs),
+            ballast: format!("{:.2}", r.ballast_secs),
+            ratio: format!("{strict:.2}"),
+            goal: "≤ 1.2× floor".into(),
+            pass: strict <= 1.2,
+        });
+        rows.push(Row {
+            id: "P1",
+            measure: format!("N={}: template writes", r.n),
+            floor: r.floor_writes.to_string(),
+            ballast: r.ballast_template_writes.to_string(),
+            ratio: format!("{:.2}", r.ballast_template_writes as f64 / r.n as f64),
+            goal: "= N".into(),
+            pass: r.ballast_template_writes == r.n as u64,
+        });
+        let per_change = r.ballast_requests as f64 / r.n as f64;
+        rows.push(Row {
+            id: "P8",
+            measure: format!("N={}: API requests per workload change", r.n),
+            floor: "1.00".into(),
+            ballast: format!("{per_change:.2}"),
+            ratio: String::new(),
+            goal: "≤ 2".into(),
+            pass: per_change <= 2.0,
+        });
+        // The issue's goals: 48 MiB at 5000, 128 MiB at 20000; smaller N must fit the former.
+        let goal = if r.n > 5000 { 128.0 } else { 48.0 };
+        rows.push(Row {
+            id: "P4",
+            measure: format!(
+                "N={}: manager RSS, peak / after / before the policy, MiB",
+                r.n
+            ),
+            floor: String::new(),
+            ballast: format!(
+                "{:.1} / {:.1} / {:.1}",
+                r.peak_rss_mib, r.rss_mib, r.idle_rss_mib
+            ),
+            ratio: String::new(),
+            goal: format!("peak ≤ {goal:.0} MiB"),
+            pass: r.peak_rss_mib <= goal,
+        });
+    }
+    let small = results.iter().find(|r| r.n == 1000);
+    let large = results.iter().find(|r| r.n == 5000);
+    if let (Some(a), Some(b)) = (small, large) {
+        let floor = b.floor_secs / a.floor_secs;
+        let ballast = b.ballast_secs / a.ballast_secs;
+        rows.push(Row {
+            id: "P1",
+            measure: "time(5000) / time(1000)".into(),
+            floor: format!("{floor:.2}"),
+            ballast: format!("{ballast:.2}"),
+            ratio: String::new(),
+            goal: "≤ 5.5".into(),
+            pass: ballast <= 5.5,
+        });
+    }
+    rows
+}
+
+fn print_table(rows: &[Row]) {
+    println!();
+    println!("| id | measure | floor | ballast | ratio | goal | result |");
+    println!("|---|---|---:|---:|---:|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.id,
+            r.measure,
+            r.floor,
+            r.ballast,
+            r.ratio,
+            r.goal,
+            if r.pass { "pass" } else { "**FAIL**" }
+        );
+    }
+    println!();
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map_or(String::new(), |k| format!("{:.0} GiB", k / 1024.0 / 1024.0));
+    format!("{cpus} CPUs ({model}), {mem}")
+}
+
+async fn run(s: &Settings) -> Result<()> {
+    let kubeconfig = PathBuf::from(std::env::var_os("KUBECONFIG").ok_or_else(|| {
+        anyhow!(
+            "KUBECONFIG is not set: run `make bench-cluster`, or point it at .cluster/kubeconfig"
+        )
+    })?);
+    let client = client(&kubeconfig).await?;
+    let kubectl = Kubectl { kubeconfig };
+    let dir = repo_root().join("target/bench-spread");
+    let background = Background::of_cluster(&kubectl.kubeconfig);
+    let operator_kubeconfig = operator_kubeconfig(&kubectl, &dir)?;
+    admission_synced(&client).await?;
+    let started = jiff::Timestamp::now();
+    let mut results = Vec::new();
+    for &n in &s.sizes {
+        results.push(
+            measure(
+                s,
+                &background,
+                n,
+                &client,
+                &kubectl,
+                &operator_kubeconfig,
+                &dir,
+            )
+            .await?,
+        );
+    }
+    let rows = rows(&results);
+    print_table(&rows);
+    for r in &results {
+        let [a, b, c] = r.others_cores;
+        println!(
+            "N={}: CPU of other processes on the machine during the floor / the floor with \
+             {WRITE_CONCURRENCY} in flight / ballast: {a:.2} / {b:.2} / {c:.2} cores",
+            r.n
+        );
+    }
+    let version = client.apiserver_version().await?.git_version;
+    let out_dir = repo_root().join("bench/results");
+    std::fs::create_dir_all(&out_dir)?;
+    let path = out_dir.join(format!(
+        "cluster_spread-{}.json",
+        started.strftime("%Y%m%dT%H%M%SZ")
+    ));
+    let doc = json!({
+        "bench": "cluster_spread",
+        "started": started.to_string(),
+        "machine": machine(),
+        "kubernetes": version,
+        "settings": {"sizes": s.sizes, "concurrency": s.concurrency, "quiet_secs": s.quiet.as_secs()},
+        "rows": rows,
+        "sizes": results,
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    println!("Results: {}", path.display());
+    ensure!(
+        rows.iter().all(|r| r.pass),
+        "{} of {} rows failed their goal",
+        rows.iter().filter(|r| !r.pass).count(),
+        rows.len()
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let start = Instant::now();
+    let s = Settings::from_env()?;
+    eprintln!(
+        "[bench] cluster_spread: N = {:?}, {} creations in flight",
+        s.sizes, s.concurrency
+    );
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    // Dropping run's future on a signal drops its guards: the operator is stopped and the
+    // namespaces deleted, whether make is interrupted or the process is killed politely.
+    let result = tokio::select! {
+        r = run(&s) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow!("terminated (SIGTERM)")),
+        _ = hangup.recv() => Err(anyhow!("hung up (SIGHUP)")),
+    };
+    eprintln!(
+        "[bench] total, with setup and cleanup: {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    if let Err(e) = result {
+        bail!("cluster_spread: {e:#}");
+    }
+    Ok(())
+}

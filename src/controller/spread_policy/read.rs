@@ -1,0 +1,167 @@
+//! Read: what the SpreadPolicy controller keeps of the objects it watches and which of their
+//! changes wake it. Objects are stripped before they enter the caches (only what decisions
+//! read stays), and watch events that change nothing a decision reads (heartbeats of nodes,
+//! status updates of workloads whose rollout state is unchanged) are dropped before they
+//! trigger a reconcile: with thousands of workloads, their own controllers' status updates
+//! would otherwise re-plan the whole policy once each.
+
+use super::feasibility::NodeInfo;
+use super::workload::Workload;
+use k8s_openapi::api::core::v1::{Node, PodSpec};
+use kube::runtime::watcher;
+use std::collections::HashMap;
+
+/// Drops what no decision reads, so the caches stay small: managedFields,
+/// the last-applied annotation, and the containers and volumes of the pod
+/// template (ballast never writes whole objects, only apply patches).
+pub fn strip_pod_spec(spec: &mut PodSpec) {
+    spec.containers = Vec::new();
+    spec.init_containers = None;
+    spec.ephemeral_containers = None;
+    spec.volumes = None;
+}
+
+pub fn strip_meta(meta: &mut kube::api::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Fields of a node that change which domains are schedulable.
+pub fn node_fingerprint(n: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let info = NodeInfo::from_node(n);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    info.labels.hash(&mut h);
+    info.ready.hash(&mut h);
+    info.unschedulable.hash(&mut h);
+    for t in &info.taints {
+        (&t.key, &t.value, &t.effect).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Fields of a workload that decisions read: everything in its [`Workload`] view but the
+/// resourceVersion (a write's precondition, read from the cache at write time). Status updates
+/// of its own controller that change nothing ballast looks at (replica counts, timestamps of
+/// an unchanged rollout) have the same fingerprint.
+fn workload_fingerprint(w: &Workload) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // The view holds Kubernetes types that do not implement Hash; their Debug form names
+    // every field, in a fixed order (maps are BTreeMaps).
+    format!(
+        "{:?}",
+        Workload {
+            resource_version: None,
+            ..w.clone()
+        }
+    )
+    .hash(&mut h);
+    h.finish()
+}
+
+/// Passes on the watch events of workloads that can change a decision, so that a burst of
+/// status updates (a controller catching up with thousands of Deployments) does not re-plan
+/// every policy of the namespace once per update. Deletions, and the objects of a (re-)list,
+/// always pass: a workload gone during a watch gap leaves no event of its own.
+#[derive(Default)]
+pub struct Relevant {
+    /// Fingerprint by workload (a hash of namespace and name, to keep 16 bytes a workload).
+    seen: HashMap<u64, u64>,
+}
+
+impl Relevant {
+    fn key(w: &Workload) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&w.namespace, &w.name).hash(&mut h);
+        h.finish()
+    }
+
+    pub fn pass<K>(&mut self, ev: &watcher::Event<K>, view: impl Fn(&K) -> Workload) -> bool {
+        match ev {
+            watcher::Event::Apply(o) => {
+                let w = view(o);
+                let fp = workload_fingerprint(&w);
+                self.seen.insert(Self::key(&w), fp) != Some(fp)
+            }
+            watcher::Event::InitApply(o) => {
+                let w = view(o);
+                self.seen.insert(Self::key(&w), workload_fingerprint(&w));
+                true
+            }
+            watcher::Event::Delete(o) => {
+                self.seen.remove(&Self::key(&view(o)));
+                true
+            }
+            watcher::Event::Init | watcher::Event::InitDone => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use serde_json::json;
+
+    fn web(generation: i64, ready: i32, resource_version: &str) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "generation": generation,
+                         "resourceVersion": resource_version, "labels": {"tier": "web"}},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": []}}},
+            "status": {"observedGeneration": generation, "replicas": 3, "updatedReplicas": 3,
+                       "readyReplicas": ready, "availableReplicas": ready,
+                       "conditions": [{"type": "Progressing", "status": "True",
+                                       "reason": "NewReplicaSetAvailable",
+                                       "lastUpdateTime": "2026-01-01T00:00:00Z"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_updates_that_change_no_decision_do_not_wake_the_controller() {
+        let mut r = Relevant::default();
+        let apply = |d: Deployment| watcher::Event::Apply(d);
+        assert!(r.pass(&apply(web(1, 3, "1")), Workload::from_deployment));
+        // A pod of a completed rollout became unavailable, and the resourceVersion moved:
+        // nothing ballast decides on changed.
+        assert!(!r.pass(&apply(web(1, 2, "2")), Workload::from_deployment));
+        // A new generation (a template change) is a change.
+        assert!(r.pass(&apply(web(2, 2, "3")), Workload::from_deployment));
+        // A label change can change which policy selects it.
+        let mut relabelled = web(2, 2, "4");
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("tier".into(), "db".into());
+        assert!(r.pass(&apply(relabelled), Workload::from_deployment));
+    }
+
+    #[test]
+    fn deletions_and_relists_always_wake_the_controller() {
+        let mut r = Relevant::default();
+        assert!(r.pass(
+            &watcher::Event::Apply(web(1, 3, "1")),
+            Workload::from_deployment
+        ));
+        assert!(r.pass(
+            &watcher::Event::InitApply(web(1, 3, "1")),
+            Workload::from_deployment
+        ));
+        assert!(r.pass(
+            &watcher::Event::Delete(web(1, 3, "1")),
+            Workload::from_deployment
+        ));
+        // Created again under the same name: seen as new.
+        assert!(r.pass(
+            &watcher::Event::Apply(web(1, 3, "5")),
+            Workload::from_deployment
+        ));
+    }
+}
