@@ -35,6 +35,7 @@ test: ## Build what is missing, start the local cluster, run every test, stop th
 .PHONY: bench
 bench: ## Run the benchmarks that need no cluster
 	$(CARGO) bench --bench spread_plan
+	$(CARGO) bench --bench cache_cost
 
 # The cluster benchmarks, in this order: each runs even when one before it failed, and the target
 # fails if any did. `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.

@@ -18,6 +18,7 @@
 //! the machine (a timeout, a backoff, a deadline). See [`sync`] for why the other cached views
 //! are safe to act on.
 
+pub mod cache;
 pub mod error;
 pub mod gate;
 pub mod hooks;
@@ -37,11 +38,7 @@ use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
 use error::Error;
 use futures::StreamExt;
-use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
-    batch::v1::Job,
-    core::v1::Pod,
-};
+use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
     Api, Resource, ResourceExt,
@@ -125,7 +122,7 @@ fn strategies_for(
 }
 
 /// The Deployment that controls ReplicaSet `rs`.
-fn owner_deployment(rs: &ReplicaSet) -> Option<String> {
+fn owner_deployment(rs: &cache::CachedReplicaSet) -> Option<String> {
     rs.owner_references()
         .iter()
         .find(|o| o.kind == "Deployment" && o.controller == Some(true))
@@ -148,22 +145,22 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store);
     let (deployment_store, writer) = reflector::store();
     let deployments = super::watch(
-        ctx.scoped_api::<Deployment>(),
+        ctx.scoped_api::<cache::CachedDeployment>(),
         cfg.clone(),
         health.clone(),
         "rollout-strategy/deployments",
     )
-    .modify(observe::trim_deployment)
+    .modify(cache::CachedDeployment::trim)
     .reflect(writer)
     .touched_objects();
     let (replica_set_store, writer) = reflector::store();
     let replica_sets = super::watch(
-        ctx.scoped_api::<ReplicaSet>(),
+        ctx.scoped_api::<cache::CachedReplicaSet>(),
         cfg.clone(),
         health.clone(),
         "rollout-strategy/replicasets",
     )
-    .modify(|r| observe::trim(&mut r.metadata))
+    .modify(cache::CachedReplicaSet::trim)
     .reflect(writer)
     .touched_objects();
     let (pod_store, writer) = reflector::store();
@@ -216,16 +213,17 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     controller
         .reconcile_all_on(changes)
         .owns_stream(jobs)
-        .watches_stream(deployments, move |d: Deployment| {
+        .watches_stream(deployments, move |d: cache::CachedDeployment| {
             strategies_for(&s1, d.namespace(), &d.name_any())
         })
         // Where a rollout stands (mid points, completion) is in the ReplicaSets.
-        .watches_stream(replica_sets, move |r: ReplicaSet| {
-            match owner_deployment(&r) {
+        .watches_stream(
+            replica_sets,
+            move |r: cache::CachedReplicaSet| match owner_deployment(&r) {
                 Some(d) => strategies_for(&s4, r.namespace(), &d),
                 None => vec![],
-            }
-        })
+            },
+        )
         .watches_stream(hook_pods, move |p: Pod| {
             let value = p
                 .labels()
@@ -490,6 +488,11 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
 
     let old = strategy.status.clone().unwrap_or_default();
     let mut observed = st.caches.observe(ns, name, &strategy.spec.target_ref.name);
+    if observe::needs_fresh_target(&old, &observed) {
+        observed.deployment = observe::read_target(client, ns, &strategy.spec.target_ref.name)
+            .await
+            .map_err(Error::Observe)?;
+    }
     let unseen = observe::unseen_jobs(&old, &observed);
     if !unseen.is_empty()
         && observe::any_job_exists(client, ns, &unseen)

@@ -7,7 +7,16 @@
 //! machine decides on. A log tail is one request, made only for a hook whose end is about to be
 //! recorded; [`any_job_exists`] is one more, made only when status names a Job of ours that the
 //! cache does not show (yet).
+//!
+//! The caches hold every Deployment and ReplicaSet of the watched namespaces, most of them
+//! governed by nothing, so they keep little of each (see [`super::cache`]): no ReplicaSet keeps
+//! its template, and a Deployment keeps its spec only while it is labelled governed. What a
+//! decision reads that the cache does not keep is read afresh ([`needs_fresh_target`],
+//! [`read_target`]: a GET of the Deployment and a LIST of its ReplicaSets): before ballast has
+//! labelled the Deployment, and while it adopts one (the only time a ReplicaSet's template is
+//! read).
 
+use super::cache::{CachedDeployment, CachedReplicaSet};
 use super::hooks::{
     ANNOTATION_TARGET_UID, LABEL_ATTEMPT, LABEL_HOOK, LABEL_REVISION, LABEL_STRATEGY, label_value,
 };
@@ -41,8 +50,9 @@ pub struct ReplicaSetView {
     pub desired: i32,
     pub available: i32,
     pub created: Option<Timestamp>,
-    /// The Deployment template it was made from.
-    pub template_json: serde_json::Value,
+    /// The Deployment template it was made from; `None` when it comes from the cache, which
+    /// keeps only its revision (see [`super::cache::CachedReplicaSet`]).
+    pub template_json: Option<serde_json::Value>,
 }
 
 /// The target Deployment, as decisions need it.
@@ -145,33 +155,59 @@ impl DeploymentView {
             && self.available_of(&self.revision) >= self.replicas
     }
 
+    /// The view of `d`, from ReplicaSets read whole (a fresh read): those it controls.
     pub fn from_parts(d: &Deployment, replica_sets: &[ReplicaSet]) -> Self {
-        let spec = d.spec.clone().unwrap_or_default();
-        let status = d.status.clone().unwrap_or_default();
         let uid = d.uid();
-        let rs: Vec<ReplicaSetView> = replica_sets
+        let rs = replica_sets
             .iter()
-            .filter(|r| {
-                r.owner_references()
-                    .iter()
-                    .any(|o| Some(&o.uid) == uid.as_ref() && o.controller == Some(true))
-            })
+            .filter(|r| controlled_by(r.owner_references(), uid.as_deref()))
             .map(|r| {
-                let rspec = r.spec.clone().unwrap_or_default();
+                let rspec = r.spec.as_ref();
                 let rstatus = r.status.clone().unwrap_or_default();
-                let template =
-                    revision::deployment_template_of(&rspec.template.unwrap_or_default());
+                let template = revision::deployment_template_of(
+                    &rspec.and_then(|s| s.template.clone()).unwrap_or_default(),
+                );
                 ReplicaSetView {
                     name: r.name_any(),
                     revision: revision::of_template(&template),
                     replicas: rstatus.replicas,
-                    desired: rspec.replicas.unwrap_or(1),
+                    desired: rspec.and_then(|s| s.replicas).unwrap_or(1),
                     available: rstatus.available_replicas.unwrap_or(0),
                     created: r.creation_timestamp().map(|t| t.0),
-                    template_json: serde_json::to_value(&template).unwrap_or_default(),
+                    template_json: Some(serde_json::to_value(&template).unwrap_or_default()),
                 }
             })
             .collect();
+        Self::with_replica_sets(d, rs)
+    }
+
+    /// The view of `d`, from the cache's ReplicaSets: those it controls, without templates.
+    pub fn from_cache(d: &Deployment, replica_sets: &[std::sync::Arc<CachedReplicaSet>]) -> Self {
+        let uid = d.uid();
+        let rs = replica_sets
+            .iter()
+            .filter(|r| controlled_by(r.owner_references(), uid.as_deref()))
+            .map(|r| ReplicaSetView {
+                name: r.name_any(),
+                revision: r
+                    .spec
+                    .revision
+                    .clone()
+                    .unwrap_or_else(|| revision::of_template(&PodTemplateSpec::default())),
+                replicas: r.status.replicas,
+                desired: r.spec.replicas.unwrap_or(1),
+                available: r.status.available_replicas.unwrap_or(0),
+                created: r.creation_timestamp().map(|t| t.0),
+                template_json: None,
+            })
+            .collect();
+        Self::with_replica_sets(d, rs)
+    }
+
+    fn with_replica_sets(d: &Deployment, rs: Vec<ReplicaSetView>) -> Self {
+        let spec = d.spec.clone().unwrap_or_default();
+        let status = d.status.clone().unwrap_or_default();
+        let uid = d.uid();
         let stalled = status.conditions.iter().flatten().any(|c| {
             c.type_ == "Progressing"
                 && c.status == "False"
@@ -210,6 +246,16 @@ impl DeploymentView {
             phase_label: d.labels().get(super::machine::PHASE_LABEL).cloned(),
         }
     }
+}
+
+/// Whether `owners` name Deployment `uid` as the controller.
+fn controlled_by(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    uid: Option<&str>,
+) -> bool {
+    owners
+        .iter()
+        .any(|o| Some(o.uid.as_str()) == uid && o.controller == Some(true))
 }
 
 /// The manager credited with `spec.paused` in `managedFields`: another than this controller
@@ -429,6 +475,7 @@ impl HookPod {
 }
 
 /// What one reconcile decides on.
+#[derive(Default)]
 pub struct Observed {
     pub deployment: Option<DeploymentView>,
     pub jobs: Vec<JobView>,
@@ -438,8 +485,8 @@ pub struct Observed {
 /// The watch caches the controller reads instead of the API server.
 #[derive(Clone)]
 pub struct Caches {
-    pub deployments: Store<Deployment>,
-    pub replica_sets: Store<ReplicaSet>,
+    pub deployments: Store<CachedDeployment>,
+    pub replica_sets: Store<CachedReplicaSet>,
     /// Hook Jobs only (labelled with [`LABEL_STRATEGY`]).
     pub jobs: Store<Job>,
     /// Pods of hook Jobs only (labelled with [`LABEL_STRATEGY`]).
@@ -458,19 +505,21 @@ impl Caches {
     /// What strategy `strategy` in `ns`, targeting Deployment `target`, decides on, from the
     /// caches alone (no log tails: see [`read_log_tails`]).
     pub fn observe(&self, ns: &str, strategy: &str, target: &str) -> Observed {
-        let deployment = self.deployments.get(&ObjectRef::new(target).within(ns));
+        let deployment = self
+            .deployments
+            .get(&ObjectRef::new(target).within(ns))
+            .map(|d| d.to_deployment());
         let uid = deployment.as_ref().and_then(|d| d.uid());
-        let replica_sets: Vec<ReplicaSet> = self
+        let replica_sets: Vec<_> = self
             .replica_sets
             .state()
-            .iter()
+            .into_iter()
             .filter(|r| r.namespace().as_deref() == Some(ns))
             .filter(|r| {
                 r.owner_references()
                     .iter()
                     .any(|o| Some(&o.uid) == uid.as_ref())
             })
-            .map(|r| r.as_ref().clone())
             .collect();
         let ours = |meta: &ObjectMeta| {
             meta.namespace.as_deref() == Some(ns)
@@ -494,7 +543,9 @@ impl Caches {
             .filter(|p| ours(&p.metadata))
             .map(|p| p.as_ref().clone())
             .collect();
-        reduce(strategy, deployment.as_deref(), &replica_sets, &jobs, &pods)
+        let mut observed = reduce(strategy, None, &[], &jobs, &pods);
+        observed.deployment = deployment.map(|d| DeploymentView::from_cache(&d, &replica_sets));
+        observed
     }
 }
 
@@ -507,12 +558,56 @@ pub fn trim(meta: &mut ObjectMeta) {
     }
 }
 
+/// Whether the decision about `observed`'s Deployment needs it read afresh: the cache keeps
+/// no spec of a Deployment not labelled governed ([`CachedDeployment::trim`]), nor the template
+/// of any ReplicaSet, which adoption (no revision recorded in `status` yet) reads.
+pub fn needs_fresh_target(status: &RolloutStrategyStatus, observed: &Observed) -> bool {
+    let adopting = status.stable_revision.is_none() && status.current_revision.is_none();
+    observed
+        .deployment
+        .as_ref()
+        .is_some_and(|d| adopting || !d.governed_label)
+}
+
+/// Reads Deployment `target` of `ns` afresh, with its ReplicaSets (one GET, and one LIST by its
+/// selector when it exists): the view of it the cache does not keep whole.
+pub async fn read_target(
+    client: &Client,
+    ns: &str,
+    target: &str,
+) -> kube::Result<Option<DeploymentView>> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let Some(mut d) = deployments.get_opt(target).await? else {
+        return Ok(None);
+    };
+    trim_deployment(&mut d);
+    let selector = d
+        .spec
+        .as_ref()
+        .map(|s| s.selector.clone())
+        .and_then(|s| kube::core::Selector::try_from(s).ok());
+    let replica_sets = match selector {
+        Some(selector) => {
+            Api::<ReplicaSet>::namespaced(client.clone(), ns)
+                .list(&ListParams::default().labels_from(&selector))
+                .await?
+                .items
+        }
+        None => Vec::new(),
+    };
+    Ok(Some(DeploymentView::from_parts(&d, &replica_sets)))
+}
+
 /// As [`trim`], for a Deployment, but keeps who set `spec.paused` (the managedFields entries that
 /// own it, cut down to that one field): [`DeploymentView::paused_by`] tells a pause by someone
 /// else, which ballast leaves alone, from its own.
 pub fn trim_deployment(d: &mut Deployment) {
-    let owners: Vec<_> = d
-        .metadata
+    keep_paused_owners(&mut d.metadata);
+}
+
+/// [`trim`], but keeps the managedFields entries that own `spec.paused`, cut down to that field.
+pub fn keep_paused_owners(meta: &mut ObjectMeta) {
+    let owners: Vec<_> = meta
         .managed_fields
         .take()
         .unwrap_or_default()
@@ -530,9 +625,9 @@ pub fn trim_deployment(d: &mut Deployment) {
             m
         })
         .collect();
-    trim(&mut d.metadata);
+    trim(meta);
     if !owners.is_empty() {
-        d.metadata.managed_fields = Some(owners);
+        meta.managed_fields = Some(owners);
     }
 }
 
@@ -662,6 +757,34 @@ mod tests {
             "status": {"replicas": available, "availableReplicas": available}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn adoption_and_a_deployment_not_labelled_governed_are_read_afresh() {
+        let mut governed = deployment();
+        governed.metadata.labels = Some(
+            [(
+                super::super::gate::GOVERNED_LABEL.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        let other = deployment();
+        let adopted = RolloutStrategyStatus {
+            stable_revision: Some("r1".into()),
+            ..Default::default()
+        };
+        let seen = |d: &Deployment| Observed {
+            deployment: Some(DeploymentView::from_parts(d, &[])),
+            ..Default::default()
+        };
+        assert!(!needs_fresh_target(&adopted, &seen(&governed)));
+        assert!(needs_fresh_target(&adopted, &seen(&other)));
+        assert!(needs_fresh_target(
+            &RolloutStrategyStatus::default(),
+            &seen(&governed)
+        ));
+        assert!(!needs_fresh_target(&adopted, &Observed::default()));
     }
 
     #[test]

@@ -135,7 +135,7 @@ impl Machine<'_> {
             // Paused with a template change pending: what runs is stable, the change gets its
             // hooks.
             self.st.stable_revision = Some(rs.revision.clone());
-            self.st.stable_template = Some(rs.template_json.clone());
+            self.st.stable_template = rs.template_json.clone();
             self.start_sequence(dep.revision.clone(), Start::Adopt);
             return;
         }
@@ -195,7 +195,7 @@ impl Machine<'_> {
             .max_by_key(|r| (r.replicas, r.created))
         {
             self.st.stable_revision = Some(rs.revision.clone());
-            self.st.stable_template = Some(rs.template_json.clone());
+            self.st.stable_template = rs.template_json.clone();
         }
         self.st.current_revision = Some(dep.revision.clone());
         self.st.hooks.clear();

@@ -63,7 +63,7 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
             desired: 4,
             available: 4,
             created: Some(t(-1000)),
-            template_json: json!({"rev": rev}),
+            template_json: Some(json!({"rev": rev})),
         }],
     }
 }
@@ -81,7 +81,7 @@ fn rolling_dep(new: i32, paused: bool) -> DeploymentView {
             desired: 4 - new + new.min(1),
             available: 4 - new,
             created: Some(t(-1000)),
-            template_json: json!({"rev": OLD}),
+            template_json: Some(json!({"rev": OLD})),
         },
         ReplicaSetView {
             name: "web-new".into(),
@@ -90,7 +90,7 @@ fn rolling_dep(new: i32, paused: bool) -> DeploymentView {
             desired: new,
             available: new,
             created: Some(t(-10)),
-            template_json: json!({"rev": NEW}),
+            template_json: Some(json!({"rev": NEW})),
         },
     ];
     d

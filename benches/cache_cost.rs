@@ -1,0 +1,123 @@
+//! `make bench`: how many bytes the manager's watch caches keep for one workload of a
+//! namespace (issue 9: "say in the docs how many bytes one governed workload costs").
+//!
+//! For each cache, N copies of a real object (`benches/fixtures/`: a Deployment and its
+//! ReplicaSet as the API server returns them, managedFields included) go through the same trim
+//! the controller applies before its cache and into a kube-runtime reflector store, as a watch
+//! would put them; a counting allocator gives the bytes still allocated per object (live heap,
+//! as requested of the allocator: malloc's own overhead, ~16 B per allocation, is counted
+//! apart), and the untrimmed object is measured the same way as the floor. No cluster.
+
+use ballast::controller::{
+    rollout_strategy::cache::{CachedDeployment, CachedReplicaSet},
+    spread_policy::read::{strip_meta, strip_pod_spec},
+};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use kube::{
+    Resource,
+    runtime::{reflector, watcher},
+};
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    sync::atomic::{AtomicIsize, Ordering::Relaxed},
+};
+
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static LIVE_ALLOCS: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Relaxed);
+        LIVE_ALLOCS.fetch_add(1, Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Relaxed);
+        LIVE_ALLOCS.fetch_sub(1, Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const N: usize = 5000;
+
+fn copies<K: Resource + serde::de::DeserializeOwned>(fixture: &str, i: usize) -> K {
+    let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
+    let name = format!("w{i:05}");
+    v["metadata"]["name"] = name.clone().into();
+    v["metadata"]["uid"] = format!("00000000-0000-0000-0000-{i:012}").into();
+    v["metadata"]["resourceVersion"] = (100_000 + i).to_string().into();
+    serde_json::from_value(v).expect("object")
+}
+
+/// Live bytes and allocations per object kept in a reflector store, after `trim`.
+fn per_object<K>(fixture: &str, trim: impl Fn(&mut K)) -> (f64, f64)
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, mut writer) = reflector::store::<K>();
+    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
+    for i in 0..N {
+        let mut obj: K = copies(fixture, i);
+        trim(&mut obj);
+        writer.apply_watcher_event(&watcher::Event::Apply(obj));
+    }
+    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
+    assert_eq!(reader.state().len(), N);
+    drop((reader, writer));
+    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+}
+
+fn row(what: &str, (bytes, allocs): (f64, f64)) -> f64 {
+    let with_overhead = bytes + 16.0 * allocs;
+    println!(
+        "{what:<62} {:>8.0} B  {:>6.1} allocs  {:>8.0} B with malloc's overhead",
+        bytes, allocs, with_overhead
+    );
+    with_overhead
+}
+
+fn main() {
+    let deployment = include_str!("fixtures/deployment.json");
+    let replica_set = include_str!("fixtures/replicaset.json");
+    println!("bytes kept per object in a reflector store, {N} objects each (live heap):");
+    row(
+        "Deployment, as received (floor: no trim)",
+        per_object::<Deployment>(deployment, |_| {}),
+    );
+    let spread = row(
+        "Deployment, SpreadPolicy's cache (metadata and pod spec trimmed)",
+        per_object::<Deployment>(deployment, |d| {
+            strip_meta(&mut d.metadata);
+            if let Some(s) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+                strip_pod_spec(s);
+            }
+        }),
+    );
+    let rollout = row(
+        "Deployment, RolloutStrategy's cache (not labelled governed)",
+        per_object::<CachedDeployment>(deployment, CachedDeployment::trim),
+    );
+    row(
+        "ReplicaSet, as received (floor: no trim)",
+        per_object::<ReplicaSet>(replica_set, |_| {}),
+    );
+    let rs = row(
+        "ReplicaSet, RolloutStrategy's cache",
+        per_object::<CachedReplicaSet>(replica_set, CachedReplicaSet::trim),
+    );
+    println!(
+        "one ungoverned Deployment with one ReplicaSet, both caches: {:.1} KiB ({:.0} MiB at N = 5000)",
+        (spread + rollout + rs) / 1024.0,
+        (spread + rollout + rs) * 5000.0 / (1024.0 * 1024.0)
+    );
+}

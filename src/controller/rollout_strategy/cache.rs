@@ -1,0 +1,218 @@
+//! What the controller's watch caches keep of the Deployments and ReplicaSets of the watched
+//! namespaces. Most of them are governed by no strategy, and a k8s-openapi `Deployment` or
+//! `ReplicaSet` takes about 2.4 KiB before any of its strings (its pod template is inline, even
+//! when empty), so the watches deserialize straight into these smaller types (`make bench`'s
+//! `cache_cost` measures them):
+//! - [`CachedReplicaSet`]: owner, creation time, replica counts and ballast's revision of the
+//!   template, never the template (only adoption reads one, afresh);
+//! - [`CachedDeployment`]: the spec and status of a Deployment labelled
+//!   [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL) only; of any other, its metadata (a decision
+//!   about a Deployment not labelled yet reads it afresh: see
+//!   [`needs_fresh_target`](super::observe::needs_fresh_target)).
+//!
+//! Both are read-only views for the caches: ballast never writes them back.
+
+use super::revision;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus, ReplicaSet};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use kube::api::ObjectMeta;
+use serde::{Deserialize, Deserializer};
+use std::borrow::Cow;
+
+/// A Deployment as the cache keeps it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CachedDeployment {
+    pub metadata: ObjectMeta,
+    /// Kept only while the Deployment is labelled governed ([`CachedDeployment::trim`]).
+    #[serde(default)]
+    pub spec: Option<Box<DeploymentSpec>>,
+    /// Kept only while the Deployment is labelled governed.
+    #[serde(default)]
+    pub status: Option<Box<DeploymentStatus>>,
+}
+
+impl CachedDeployment {
+    /// Applied by the watch before the cache: managedFields cut to who set `spec.paused`
+    /// ([`keep_paused_owners`](super::observe::keep_paused_owners)), and, unless the
+    /// Deployment is labelled governed, no spec, no status and no annotations but ballast's.
+    pub fn trim(&mut self) {
+        super::observe::keep_paused_owners(&mut self.metadata);
+        if self
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(super::gate::GOVERNED_LABEL))
+        {
+            return;
+        }
+        self.spec = None;
+        self.status = None;
+        if let Some(a) = self.metadata.annotations.as_mut() {
+            a.retain(|k, _| k.starts_with("ballast.dev/"));
+        }
+    }
+
+    /// The Deployment, with as much as the cache keeps (no spec nor status unless labelled
+    /// governed).
+    pub fn to_deployment(&self) -> Deployment {
+        Deployment {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_deref().cloned(),
+            status: self.status.as_deref().cloned(),
+        }
+    }
+}
+
+/// A ReplicaSet as the cache keeps it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CachedReplicaSet {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: CachedReplicaSetSpec,
+    #[serde(default)]
+    pub status: CachedReplicaSetStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedReplicaSetSpec {
+    pub replicas: Option<i32>,
+    /// ballast's revision of `spec.template`, computed as it is read; the template is not kept.
+    #[serde(default, rename = "template", deserialize_with = "template_revision")]
+    pub revision: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedReplicaSetStatus {
+    #[serde(default)]
+    pub replicas: i32,
+    pub available_replicas: Option<i32>,
+}
+
+fn template_revision<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let template = Option::<PodTemplateSpec>::deserialize(d)?;
+    Ok(template.map(|t| revision::of_template(&revision::deployment_template_of(&t))))
+}
+
+impl CachedReplicaSet {
+    /// Applied by the watch before the cache: no managedFields, labels or annotations.
+    pub fn trim(&mut self) {
+        self.metadata.managed_fields = None;
+        self.metadata.labels = None;
+        self.metadata.annotations = None;
+    }
+}
+
+/// Served at the API of `$api` (ReplicaSet, Deployment): a cached view of one is a
+/// [`kube::Resource`] of the same kind, so the watches and caches take it as they would it.
+macro_rules! resource_as {
+    ($cached:ty, $api:ty) => {
+        impl kube::Resource for $cached {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$api as k8s_openapi::Resource>::KIND.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                <$api as k8s_openapi::Resource>::GROUP.into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                <$api as k8s_openapi::Resource>::VERSION.into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$api as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+resource_as!(CachedDeployment, Deployment);
+resource_as!(CachedReplicaSet, ReplicaSet);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::{Resource, ResourceExt};
+    use serde_json::json;
+
+    fn deployment(labels: serde_json::Value) -> serde_json::Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "d1", "labels": labels,
+                         "annotations": {"ballast.dev/rollout-strategy": "s", "team": "a"},
+                         "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                                            "fieldsV1": {"f:spec": {"f:paused": {}, "f:replicas": {}}}}]},
+            "spec": {"replicas": 3, "paused": true, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "web:2"}]}}},
+            "status": {"observedGeneration": 3, "replicas": 3}
+        })
+    }
+
+    #[test]
+    fn a_cached_replica_set_keeps_the_revision_of_its_template_and_not_the_template() {
+        let v = json!({
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"app": "web", "pod-template-hash": "abc"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "d1", "controller": true}]},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web", "pod-template-hash": "abc"}}, "spec": {"containers": [{"name": "app", "image": "web:2"}]}}},
+            "status": {"replicas": 2, "availableReplicas": 1}
+        });
+        let full: ReplicaSet = serde_json::from_value(v.clone()).unwrap();
+        let mut cached: CachedReplicaSet = serde_json::from_value(v).unwrap();
+        cached.trim();
+        let d: Deployment = serde_json::from_value(deployment(json!({}))).unwrap();
+        // The revision is the Deployment's own (same template, less the pod-template-hash).
+        assert_eq!(
+            cached.spec.revision.as_deref(),
+            Some(revision::of_template(&d.spec.unwrap().template).as_str())
+        );
+        assert_eq!(
+            cached.spec.revision.as_deref(),
+            Some(
+                revision::of_template(&revision::deployment_template_of(
+                    full.spec.as_ref().unwrap().template.as_ref().unwrap()
+                ))
+                .as_str()
+            )
+        );
+        assert_eq!((cached.spec.replicas, cached.status.replicas), (Some(2), 2));
+        assert_eq!(cached.status.available_replicas, Some(1));
+        assert!(cached.metadata.labels.is_none());
+        assert_eq!(cached.owner_references().len(), 1);
+        assert_eq!(CachedReplicaSet::plural(&()), "replicasets");
+        assert_eq!(CachedReplicaSet::api_version(&()), "apps/v1");
+    }
+
+    #[test]
+    fn the_cache_keeps_a_deployments_spec_only_while_it_is_labelled_governed() {
+        let mut governed: CachedDeployment = serde_json::from_value(deployment(
+            json!({super::super::gate::GOVERNED_LABEL: "true"}),
+        ))
+        .unwrap();
+        let mut other: CachedDeployment =
+            serde_json::from_value(deployment(json!({"app": "web"}))).unwrap();
+        governed.trim();
+        other.trim();
+        let full: Deployment = serde_json::from_value(deployment(json!({}))).unwrap();
+        assert_eq!(governed.to_deployment().spec, full.spec);
+        assert_eq!(governed.to_deployment().status, full.status);
+        // Who paused it stays known: the managedFields entry, cut to spec.paused.
+        let owners = governed.metadata.managed_fields.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            owners[0].fields_v1.as_ref().unwrap().0,
+            json!({"f:spec": {"f:paused": {}}})
+        );
+        assert!(other.spec.is_none() && other.status.is_none());
+        assert_eq!(other.metadata.annotations.as_ref().unwrap().len(), 1);
+        assert_eq!(CachedDeployment::kind(&()), "Deployment");
+    }
+}
