@@ -10,7 +10,7 @@
 
 use ballast::controller::{
     rollout_strategy::cache::{CachedDeployment, CachedReplicaSet},
-    spread_policy::read::{strip_meta, strip_pod_spec},
+    spread_policy::read::Cached,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use kube::{
@@ -95,13 +95,8 @@ fn main() {
         per_object::<Deployment>(deployment, |_| {}),
     );
     let spread = row(
-        "Deployment, SpreadPolicy's cache (metadata and pod spec trimmed)",
-        per_object::<Deployment>(deployment, |d| {
-            strip_meta(&mut d.metadata);
-            if let Some(s) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-                strip_pod_spec(s);
-            }
-        }),
+        "Deployment, SpreadPolicy's cache (its Workload view)",
+        per_object::<Cached<Deployment>>(deployment, |_| {}),
     );
     let rollout = row(
         "Deployment, RolloutStrategy's cache (not labelled governed)",

@@ -51,6 +51,9 @@ if [ $# -eq 0 ]; then
   # The RolloutStrategy tests ran with the revision gate (admission, the default); once more
   # in the fallback mode, where governed Deployments are kept paused at rest.
   BALLAST_TEST_GATE=pause-at-rest cargo test --test rollout_strategy
+  # The SpreadPolicy fan-out benchmark's harness, small (N = 200, this debug build; only its
+  # counts of writes and requests are judged), so that `make bench-cluster` cannot rot.
+  BALLAST_BENCH_SMOKE=1 PATH="$STATE/bin:$PATH" cargo test --bench cluster_spread
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
   cargo test --test faults_cluster -- --test-threads=1

@@ -49,7 +49,7 @@ use kube::{
     },
 };
 use plan::{ANNOTATION_POLICY, Inputs};
-use read::{Relevant, node_fingerprint, strip_meta, strip_pod_spec};
+use read::{Cached, Relevant, node_fingerprint, strip_meta};
 use serde::Deserialize;
 use std::{
     collections::HashMap,
@@ -82,8 +82,8 @@ pub struct State {
     /// Ends waits that the shutdown would otherwise sit out.
     shutdown: ShutdownSignal,
     policies: Policies,
-    deployments: Store<Deployment>,
-    stateful_sets: Store<StatefulSet>,
+    deployments: Store<Cached<Deployment>>,
+    stateful_sets: Store<Cached<StatefulSet>>,
     nodes: Store<Node>,
     recorder: super::events::Publisher,
     /// Our template writes and the rollouts under way (see [`tracker`]);
@@ -124,23 +124,17 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let health = &ctx.health;
     let (deployments, deploy_writer) = reflector::store();
     let deploy_stream = super::watch(
-        ctx.scoped_api::<Deployment>(),
+        ctx.scoped_api::<Cached<Deployment>>(),
         cfg.clone(),
         health.clone(),
         "spread-policy/deployments",
     )
-    .modify(|d| {
-        strip_meta(&mut d.metadata);
-        if let Some(s) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-            strip_pod_spec(s);
-        }
-    })
     .reflect(deploy_writer)
     .filter({
         let mut relevant = Relevant::default();
         move |ev| {
             let pass = match ev {
-                Ok(ev) => relevant.pass(ev, Workload::from_deployment),
+                Ok(ev) => relevant.pass(ev, |c| c.workload.clone()),
                 Err(_) => true,
             };
             futures::future::ready(pass)
@@ -149,26 +143,17 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     .touched_objects();
     let (stateful_sets, sts_writer) = reflector::store();
     let sts_stream = super::watch(
-        ctx.scoped_api::<StatefulSet>(),
+        ctx.scoped_api::<Cached<StatefulSet>>(),
         cfg.clone(),
         health.clone(),
         "spread-policy/statefulsets",
     )
-    .modify(|s| {
-        strip_meta(&mut s.metadata);
-        if let Some(spec) = s.spec.as_mut() {
-            spec.volume_claim_templates = None;
-            if let Some(p) = spec.template.spec.as_mut() {
-                strip_pod_spec(p);
-            }
-        }
-    })
     .reflect(sts_writer)
     .filter({
         let mut relevant = Relevant::default();
         move |ev| {
             let pass = match ev {
-                Ok(ev) => relevant.pass(ev, Workload::from_stateful_set),
+                Ok(ev) => relevant.pass(ev, |c| c.workload.clone()),
                 Err(_) => true,
             };
             futures::future::ready(pass)
@@ -249,12 +234,8 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         policies,
     );
     controller
-        .watches_stream(deploy_stream, move |d| {
-            policies_for(&p1, &t1, &Workload::from_deployment(&d))
-        })
-        .watches_stream(sts_stream, move |s| {
-            policies_for(&p2, &t2, &Workload::from_stateful_set(&s))
-        })
+        .watches_stream(deploy_stream, move |d| policies_for(&p1, &t1, &d.workload))
+        .watches_stream(sts_stream, move |s| policies_for(&p2, &t2, &s.workload))
         .watches_stream(node_stream, move |_| {
             p3.state()
                 .iter()
@@ -361,13 +342,13 @@ fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
         .state()
         .iter()
         .filter(|d| d.namespace().as_deref() == Some(ns))
-        .map(|d| Workload::from_deployment(d))
+        .map(|d| d.workload.clone())
         .chain(
             st.stateful_sets
                 .state()
                 .iter()
                 .filter(|s| s.namespace().as_deref() == Some(ns))
-                .map(|s| Workload::from_stateful_set(s)),
+                .map(|s| s.workload.clone()),
         )
         .collect()
 }
