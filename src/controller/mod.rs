@@ -81,6 +81,22 @@ pub fn shutdown_signal(
     f.boxed().shared()
 }
 
+/// Objects per request of a watch's initial list (and relists). kube-runtime asks for 500: a
+/// page of 500 Deployments, deserialized whole before the caches trim them, is 10 MiB that
+/// the allocator keeps once the caches are filled. 100 halves the manager's resident memory
+/// at 5000 Deployments for 4 more requests per 500 objects, once at startup. (Streaming lists
+/// would do without pages, but they need the API server's WatchList feature, which is not on
+/// everywhere ballast runs.)
+pub const LIST_PAGE_SIZE: u32 = 100;
+
+/// The watcher settings of both controllers: any resourceVersion for the initial list (the API
+/// server's watch cache serves it), in pages of [`LIST_PAGE_SIZE`].
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default()
+        .any_semantic()
+        .page_size(LIST_PAGE_SIZE)
+}
+
 /// A watch of `api` with kube-runtime's default backoff, reporting to [`Health`] under `name`
 /// (`controller/resource`) whether it keeps failing.
 pub fn watch<K>(

@@ -47,7 +47,6 @@ use kube::{
         controller::Action,
         events::Reporter,
         reflector::{self, ObjectRef, Store},
-        watcher,
     },
 };
 use machine::{Effect, Input, Rejection};
@@ -130,7 +129,7 @@ fn owner_deployment(rs: &cache::CachedReplicaSet) -> Option<String> {
 }
 
 pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
-    let cfg = watcher::Config::default().any_semantic();
+    let cfg = super::watch_config();
     let health = &ctx.health;
     let (store, writer) = reflector::store();
     let strategies = super::watch(

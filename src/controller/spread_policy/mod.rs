@@ -45,7 +45,6 @@ use kube::{
         controller::Action,
         events::{Event, EventType, Reporter},
         reflector::{self, ObjectRef, Store},
-        watcher,
     },
 };
 use plan::{ANNOTATION_POLICY, Inputs};
@@ -120,7 +119,7 @@ fn policies_for(
 }
 
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
-    let cfg = watcher::Config::default().any_semantic();
+    let cfg = super::watch_config();
     let health = &ctx.health;
     let (deployments, deploy_writer) = reflector::store();
     let deploy_stream = super::watch(
