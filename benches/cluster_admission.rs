@@ -46,11 +46,11 @@ use support::{Kubectl, client, env_usize};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::rollout_strategy::RolloutStrategy;
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
-    api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 use std::{
@@ -888,27 +888,12 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
         % 1_000_000;
     let [ns_a, ns_b, ns_c, ns_p] =
         ["a", "b", "c", "probe"].map(|k| format!("bench-adm-{suffix:06}-{k}"));
-    let namespaces: Api<Namespace> = Api::all(client.clone());
     let _namespaces = Namespaces {
         kubectl: kubectl.clone(),
         names: vec![ns_a.clone(), ns_b.clone(), ns_c.clone(), ns_p.clone()],
     };
     for name in [&ns_a, &ns_b, &ns_c, &ns_p] {
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(
-                    [(
-                        "ballast.dev/bench".to_string(),
-                        "cluster-admission".to_string(),
-                    )]
-                    .into(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        namespaces.create(&PostParams::default(), &ns).await?;
+        support::create_namespace(&client, name, "cluster-admission").await?;
     }
     let _reinstall = Reinstall(&admission);
     admission.install()?;

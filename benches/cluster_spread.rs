@@ -47,10 +47,10 @@ use ballast::controller::spread_policy::{
     write::apply_body,
 };
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use serde_json::{Value, json};
@@ -241,25 +241,6 @@ fn record_of(d: &Deployment) -> Option<&str> {
         .as_ref()?
         .get(ANNOTATION_TERMS)
         .map(String::as_str)
-}
-
-async fn create_namespace(api: &Api<Namespace>, name: &str) -> Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                [(
-                    "ballast.dev/bench".to_string(),
-                    "cluster-spread".to_string(),
-                )]
-                .into(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    api.create(&PostParams::default(), &ns).await?;
-    Ok(())
 }
 
 async fn create_deployments(api: &Api<Deployment>, n: usize, c: usize) -> Result<Vec<Deployment>> {
@@ -697,10 +678,9 @@ async fn measure(
         namespaces: vec![ns_floor.clone(), ns_parallel.clone(), ns_ballast.clone()],
         operator: None,
     };
-    let namespaces: Api<Namespace> = Api::all(client.clone());
     let t = Instant::now();
     for ns in [&ns_floor, &ns_parallel, &ns_ballast] {
-        create_namespace(&namespaces, ns).await?;
+        support::create_namespace(client, ns, "cluster-spread").await?;
     }
     let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_floor);
     let parallel_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_parallel);

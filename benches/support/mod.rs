@@ -89,6 +89,24 @@ pub async fn client(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// Creates namespace `name`, labelled `ballast.dev/bench: <bench>` so that a leftover is
+/// easy to find (`kubectl get ns -l ballast.dev/bench`).
+pub async fn create_namespace(client: &Client, name: &str, bench: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("ballast.dev/bench".to_string(), bench.to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    kube::Api::<Namespace>::all(client.clone())
+        .create(&Default::default(), &ns)
+        .await?;
+    Ok(())
+}
+
 /// Deletes `names` (namespaces), waiting up to `timeout` (e.g. `"300s"`), and says how it went:
 /// for the benches' cleanup guards, which must not fail.
 pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {

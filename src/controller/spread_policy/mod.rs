@@ -129,16 +129,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/deployments",
     )
     .reflect(deploy_writer)
-    .filter({
-        let mut relevant = Relevant::default();
-        move |ev| {
-            let pass = match ev {
-                Ok(ev) => relevant.pass(ev, |c| c.workload.clone()),
-                Err(_) => true,
-            };
-            futures::future::ready(pass)
-        }
-    })
+    .filter(Relevant::filter())
     .touched_objects();
     let (stateful_sets, sts_writer) = reflector::store();
     let sts_stream = super::watch(
@@ -148,16 +139,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/statefulsets",
     )
     .reflect(sts_writer)
-    .filter({
-        let mut relevant = Relevant::default();
-        move |ev| {
-            let pass = match ev {
-                Ok(ev) => relevant.pass(ev, |c| c.workload.clone()),
-                Err(_) => true,
-            };
-            futures::future::ready(pass)
-        }
-    })
+    .filter(Relevant::filter())
     .touched_objects();
     let (nodes, node_writer) = reflector::store();
     let mut fingerprints: HashMap<String, u64> = HashMap::new();

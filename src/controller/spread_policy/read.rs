@@ -169,6 +169,19 @@ impl Relevant {
         h.finish()
     }
 
+    /// A filter for a watch stream of cached workloads: passes errors, and the events
+    /// [`Relevant::pass`] passes.
+    pub fn filter<K, E>()
+    -> impl FnMut(&Result<watcher::Event<Cached<K>>, E>) -> std::future::Ready<bool> {
+        let mut relevant = Relevant::default();
+        move |ev| {
+            std::future::ready(match ev {
+                Ok(ev) => relevant.pass(ev, |c| c.workload.clone()),
+                Err(_) => true,
+            })
+        }
+    }
+
     pub fn pass<K>(&mut self, ev: &watcher::Event<K>, view: impl Fn(&K) -> Workload) -> bool {
         match ev {
             watcher::Event::Apply(o) => {
