@@ -39,7 +39,7 @@ bench: ## Run the benchmarks that need no cluster
 
 # The cluster benchmarks, in this order: each runs even when one before it failed, and the target
 # fails if any did. `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.
-CLUSTER_BENCHES ?= cluster_spread cluster_admission
+CLUSTER_BENCHES ?= cluster_spread cluster_admission cluster_rollout cluster_scheduler
 
 # The cluster is the one hack/test.sh uses (BALLAST_CLUSTER_DIR, else .cluster/); it stays up.
 .PHONY: bench-cluster

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod operator;
+
 use anyhow::{Context, Result, ensure};
 use kube::{
     Client, Config,
@@ -125,4 +127,56 @@ pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
             names.join(", ")
         ),
     }
+}
+
+/// One row of a bench's table: `measure | floor | ballast | ratio | goal | result`. `pass` is
+/// `None` for a row the issue sets no goal for (printed as `info`).
+#[derive(Debug, serde::Serialize)]
+pub struct Row {
+    pub id: &'static str,
+    pub measure: String,
+    pub floor: String,
+    pub ballast: String,
+    pub ratio: String,
+    pub goal: String,
+    pub pass: Option<bool>,
+}
+
+pub fn print_table(rows: &[Row]) {
+    println!();
+    println!("| id | measure | floor | ballast | ratio | goal | result |");
+    println!("|---|---|---:|---:|---:|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.id,
+            r.measure,
+            r.floor,
+            r.ballast,
+            r.ratio,
+            r.goal,
+            match r.pass {
+                Some(true) => "pass",
+                Some(false) => "**FAIL**",
+                None => "info",
+            }
+        );
+    }
+    println!();
+}
+
+/// Writes `doc` to `bench/results/<bench>-<UTC time of started>.json`; returns the path.
+pub fn write_results(
+    bench: &str,
+    started: jiff::Timestamp,
+    doc: &serde_json::Value,
+) -> Result<PathBuf> {
+    let out_dir = repo_root().join("bench/results");
+    std::fs::create_dir_all(&out_dir)?;
+    let path = out_dir.join(format!(
+        "{bench}-{}.json",
+        started.strftime("%Y%m%dT%H%M%SZ")
+    ));
+    std::fs::write(&path, serde_json::to_string_pretty(doc)? + "\n")?;
+    Ok(path)
 }
