@@ -56,7 +56,7 @@ use serde_json::{Value, json};
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 /// The admission kinds of config/admission, in install order (a binding after its policy).
@@ -882,10 +882,7 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
     let installed_before = admission.installed()?;
 
     // Namespaces first, so that they are deleted last (guards drop in reverse order).
-    let suffix = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)?
-        .as_secs()
-        % 1_000_000;
+    let suffix = support::run_suffix()?;
     let [ns_a, ns_b, ns_c, ns_p] =
         ["a", "b", "c", "probe"].map(|k| format!("bench-adm-{suffix:06}-{k}"));
     let _namespaces = Namespaces {
@@ -1142,17 +1139,7 @@ async fn main() -> Result<()> {
         "[bench] cluster_admission: {} Deployments per namespace, {} updates per phase, {} in flight, {} rounds, {} strategies in B and C",
         s.deployments, s.updates, s.concurrency, s.rounds, s.strategies
     );
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    // Dropping run's future on a signal drops its guards: the policies are re-installed and the
-    // namespaces deleted, whether make is interrupted or the process is killed politely.
-    let result = tokio::select! {
-        r = run(&s, start) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
-        _ = term.recv() => Err(anyhow!("terminated (SIGTERM)")),
-        _ = hangup.recv() => Err(anyhow!("hung up (SIGHUP)")),
-    };
+    let result = support::until_signal(run(&s, start)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",
         start.elapsed().as_secs_f64()

@@ -62,7 +62,7 @@ use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::Path,
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 const LABEL_FLOOR_HOOK: &str = "bench.ballast.dev/floor-hook";
@@ -799,10 +799,7 @@ async fn measure(
     operator_kubeconfig: &Path,
     dir: &Path,
 ) -> Result<Measured> {
-    let suffix = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)?
-        .as_secs()
-        % 1_000_000;
+    let suffix = support::run_suffix()?;
     let [ns_floor, ns_ballast] =
         ["floor", "ballast"].map(|k| format!("bench-rollout-{suffix:06}-{k}"));
     let mut cleanup = Cleanup {
@@ -1146,13 +1143,7 @@ async fn run(s: &Settings) -> Result<()> {
     });
     let path = write_results("cluster_rollout", started, &doc)?;
     println!("Results: {}", path.display());
-    ensure!(
-        rows.iter().all(|r| r.pass != Some(false)),
-        "{} of {} rows failed their goal",
-        rows.iter().filter(|r| r.pass == Some(false)).count(),
-        rows.len()
-    );
-    Ok(())
+    support::ensure_rows_pass(&rows)
 }
 
 #[tokio::main]
@@ -1163,17 +1154,7 @@ async fn main() -> Result<()> {
         "[bench] cluster_rollout: {} Deployments × {} revisions with a pre hook per side, {} rollouts of each kind",
         s.deployments, s.revisions, s.rollouts
     );
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    // Dropping run's future on a signal drops its guards: the operator is stopped and the
-    // namespaces deleted, whether make is interrupted or the process is killed politely.
-    let result = tokio::select! {
-        r = run(&s) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
-        _ = term.recv() => Err(anyhow!("terminated (SIGTERM)")),
-        _ = hangup.recv() => Err(anyhow!("hung up (SIGHUP)")),
-    };
+    let result = support::until_signal(run(&s)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",
         start.elapsed().as_secs_f64()

@@ -58,7 +58,7 @@ use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 const NODE_LABEL: (&str, &str) = ("ballast.dev/bench", "cluster-scheduler");
@@ -586,10 +586,7 @@ async fn run(s: &Settings) -> Result<()> {
         s.nodes,
         t.elapsed().as_secs_f64()
     );
-    let suffix = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)?
-        .as_secs()
-        % 1_000_000;
+    let suffix = support::run_suffix()?;
     let mut results = Vec::new();
     for round in 0..s.rounds {
         let mut order = Method::ALL.to_vec();
@@ -635,13 +632,7 @@ async fn run(s: &Settings) -> Result<()> {
     });
     let path = write_results("cluster_scheduler", started, &doc)?;
     println!("Results: {}", path.display());
-    ensure!(
-        rows.iter().all(|r| r.pass != Some(false)),
-        "{} of {} rows failed their goal",
-        rows.iter().filter(|r| r.pass == Some(false)).count(),
-        rows.len()
-    );
-    Ok(())
+    support::ensure_rows_pass(&rows)
 }
 
 #[tokio::main]
@@ -658,16 +649,7 @@ async fn main() -> Result<()> {
         "[bench] cluster_scheduler: {} nodes, {} Deployments × {} replicas per method, {} round(s)",
         s.nodes, s.deployments, s.replicas, s.rounds
     );
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    // Dropping run's future on a signal drops its guard: the namespace and the nodes go.
-    let result = tokio::select! {
-        r = run(&s) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
-        _ = term.recv() => Err(anyhow!("terminated (SIGTERM)")),
-        _ = hangup.recv() => Err(anyhow!("hung up (SIGHUP)")),
-    };
+    let result = support::until_signal(run(&s)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",
         start.elapsed().as_secs_f64()

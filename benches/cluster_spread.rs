@@ -60,7 +60,7 @@ use serde_json::{Value, json};
 use std::{
     collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 const POLICY: &str = "bench-spread";
@@ -373,10 +373,7 @@ async fn measure(
     operator_kubeconfig: &Path,
     dir: &Path,
 ) -> Result<SizeResult> {
-    let suffix = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)?
-        .as_secs()
-        % 1_000_000;
+    let suffix = support::run_suffix()?;
     let [ns_floor, ns_parallel, ns_ballast] =
         ["floor", "floor8", "ballast"].map(|k| format!("bench-spread-{suffix:06}-{n}-{k}"));
     let mut cleanup = Cleanup {
@@ -560,22 +557,8 @@ async fn measure(
         })
         .map(|(_, v)| v)
         .sum();
-    let ballast_requests = delta
-        .iter()
-        .filter(|((verb, ..), _)| verb != "watch")
-        .map(|(_, v)| v)
-        .sum();
-    let ballast_requests_by_kind = delta
-        .iter()
-        .map(|((verb, group, resource, code), v)| {
-            let gr = if group.is_empty() {
-                resource.clone()
-            } else {
-                format!("{group}/{resource}")
-            };
-            (format!("{verb} {gr} {code}"), *v)
-        })
-        .collect();
+    let (ballast_requests, ballast_requests_by_kind) =
+        support::operator::requests_but_watches(&delta);
     // The policy's status must agree with the watch.
     let status = policies.get(POLICY).await?.status.unwrap_or_default();
     ensure!(
@@ -729,25 +712,6 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
     rows
 }
 
-fn print_table(rows: &[Row]) {
-    println!();
-    println!("| id | measure | floor | ballast | ratio | goal | result |");
-    println!("|---|---|---:|---:|---:|---|---|");
-    for r in rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            r.id,
-            r.measure,
-            r.floor,
-            r.ballast,
-            r.ratio,
-            r.goal,
-            if r.pass { "pass" } else { "**FAIL**" }
-        );
-    }
-    println!();
-}
-
 async fn run(s: &Settings) -> Result<()> {
     let kubeconfig = PathBuf::from(std::env::var_os("KUBECONFIG").ok_or_else(|| {
         anyhow!(
@@ -777,7 +741,20 @@ async fn run(s: &Settings) -> Result<()> {
         );
     }
     let rows = rows(&results);
-    print_table(&rows);
+    support::print_table(
+        &rows
+            .iter()
+            .map(|r| support::Row {
+                id: r.id,
+                measure: r.measure.clone(),
+                floor: r.floor.clone(),
+                ballast: r.ballast.clone(),
+                ratio: r.ratio.clone(),
+                goal: r.goal.clone(),
+                pass: Some(r.pass),
+            })
+            .collect::<Vec<_>>(),
+    );
     for r in &results {
         let [a, b, c] = r.others_cores;
         println!(
@@ -829,17 +806,7 @@ async fn main() -> Result<()> {
         "[bench] cluster_spread: N = {:?}, {} creations in flight",
         s.sizes, s.concurrency
     );
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    // Dropping run's future on a signal drops its guards: the operator is stopped and the
-    // namespaces deleted, whether make is interrupted or the process is killed politely.
-    let result = tokio::select! {
-        r = run(&s) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
-        _ = term.recv() => Err(anyhow!("terminated (SIGTERM)")),
-        _ = hangup.recv() => Err(anyhow!("hung up (SIGHUP)")),
-    };
+    let result = support::until_signal(run(&s)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",
         start.elapsed().as_secs_f64()

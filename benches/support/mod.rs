@@ -129,6 +129,41 @@ pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
     }
 }
 
+/// Runs `work` until it ends or the process is interrupted (Ctrl-C, SIGTERM, SIGHUP). On a
+/// signal, `work` is dropped, and with it its guards (operators stopped, namespaces deleted,
+/// whatever the bench set up), whether make is interrupted or the process is killed politely.
+pub async fn until_signal<T>(work: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow::anyhow!("terminated (SIGTERM)")),
+        _ = hangup.recv() => Err(anyhow::anyhow!("hung up (SIGHUP)")),
+    }
+}
+
+/// A number for this run's names (seconds since the epoch, modulo 10^6), so that a run never
+/// meets the leftovers of an earlier one.
+pub fn run_suffix() -> Result<u64> {
+    Ok(std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)?
+        .as_secs()
+        % 1_000_000)
+}
+
+/// Fails unless every row with a goal passed.
+pub fn ensure_rows_pass(rows: &[Row]) -> Result<()> {
+    let failed = rows.iter().filter(|r| r.pass == Some(false)).count();
+    ensure!(
+        failed == 0,
+        "{failed} of {} rows failed their goal",
+        rows.len()
+    );
+    Ok(())
+}
+
 /// One row of a bench's table: `measure | floor | ballast | ratio | goal | result`. `pass` is
 /// `None` for a row the issue sets no goal for (printed as `info`).
 #[derive(Debug, serde::Serialize)]
