@@ -509,17 +509,12 @@ impl Caches {
             .deployments
             .get(&ObjectRef::new(target).within(ns))
             .map(|d| d.to_deployment());
-        let uid = deployment.as_ref().and_then(|d| d.uid());
+        // Those the Deployment controls are picked by `DeploymentView::from_cache`.
         let replica_sets: Vec<_> = self
             .replica_sets
             .state()
             .into_iter()
             .filter(|r| r.namespace().as_deref() == Some(ns))
-            .filter(|r| {
-                r.owner_references()
-                    .iter()
-                    .any(|o| Some(&o.uid) == uid.as_ref())
-            })
             .collect();
         let ours = |meta: &ObjectMeta| {
             meta.namespace.as_deref() == Some(ns)
