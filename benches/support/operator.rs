@@ -124,7 +124,19 @@ impl Operator {
             .port();
         let log = dir.join(format!("operator-{namespace}.log"));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        // `BALLAST_BENCH_OPERATOR_WRAPPER` (e.g. `heaptrack -o /tmp/ballast`) runs the operator
+        // under a profiler; its RSS rows then measure the wrapper's process, not the operator's.
+        let wrapper = std::env::var("BALLAST_BENCH_OPERATOR_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.args(words).arg(env!("CARGO_BIN_EXE_ballast"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_ballast")),
+        };
+        let child = cmd
             .env("KUBECONFIG", kubeconfig)
             .env(
                 "RUST_LOG",
