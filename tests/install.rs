@@ -204,8 +204,8 @@ fn the_chart_s_defaults_add_a_standby_its_disruption_budget_and_host_anti_affini
     let chart = normalized(&helm_template(&[]));
     let d = &chart["Deployment/ballast-controller-manager"];
     assert_eq!(d["spec"]["replicas"], Value::from(2.0));
-    let term = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
-        ["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    let term = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
     assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(
         term["labelSelector"]["matchLabels"],
@@ -236,7 +236,10 @@ fn the_chart_s_defaults_add_a_standby_its_disruption_budget_and_host_anti_affini
     ]));
     assert!(all.contains_key("ServiceMonitor/ballast-controller-manager"));
     assert!(all.contains_key("NetworkPolicy/ballast-controller-manager"));
-    assert!(!all.keys().any(|k| k.contains("AdmissionPolicy")), "{all:?}");
+    assert!(
+        !all.keys().any(|k| k.contains("AdmissionPolicy")),
+        "{all:?}"
+    );
     let c = &all["Deployment/ballast-controller-manager"]["spec"]["template"]["spec"];
     let args: Vec<&str> = c["containers"][0]["args"]
         .as_sequence()
@@ -287,8 +290,9 @@ fn the_installer_is_config_default_with_the_image_pinned_by_digest() {
     let mut installer = normalized(&std::fs::read_to_string(&out).unwrap());
     let mut kustomize = normalized(&kustomize_default());
     let image = |objs: &mut BTreeMap<String, Value>| {
-        let c = &mut objs.get_mut("Deployment/ballast-controller-manager").unwrap()["spec"]
-            ["template"]["spec"]["containers"][0];
+        let c = &mut objs
+            .get_mut("Deployment/ballast-controller-manager")
+            .unwrap()["spec"]["template"]["spec"]["containers"][0];
         std::mem::replace(&mut c["image"], Value::Null)
     };
     assert_eq!(
@@ -356,7 +360,11 @@ fn identities(yaml: &str) -> Vec<(String, Option<String>)> {
                 .filter(|_| !CLUSTER_SCOPED_ADMISSION.contains(&kind))
                 .map(String::from);
             (
-                format!("{}/{}", kind.to_lowercase(), o["metadata"]["name"].as_str().unwrap()),
+                format!(
+                    "{}/{}",
+                    kind.to_lowercase(),
+                    o["metadata"]["name"].as_str().unwrap()
+                ),
                 ns,
             )
         })
