@@ -254,8 +254,7 @@ async fn the_manager_in_a_pod_s_view_acquires_its_lease_and_reconciles_an_exampl
     let mounts = proc_file("mounts").unwrap();
     let root = mounts
         .lines()
-        .filter(|l| l.split_whitespace().nth(1) == Some("/"))
-        .next_back()
+        .rfind(|l| l.split_whitespace().nth(1) == Some("/"))
         .expect("a root mount");
     assert!(
         root.split_whitespace()
