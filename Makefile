@@ -57,6 +57,31 @@ bench-cluster: ## Cluster benchmarks against the local control plane (starts it 
 run: ## Run the operator on the local cluster with the examples applied
 	hack/run.sh
 
+##@ Packaging (images, installer, Helm chart)
+
+.PHONY: image
+image: ## Build the manager's OCI image without a daemon (umoci) into dist/; IMG=registry/name:tag also pushes it
+	hack/build-image.sh
+
+.PHONY: image-check
+image-check: ## Build the image twice from one binary and fail unless the digests match (make image first)
+	hack/build-image.sh --no-build --out target/image-check/1 >/dev/null
+	hack/build-image.sh --no-build --out target/image-check/2 >/dev/null
+	@a="$$(cat target/image-check/1/*.digest)"; b="$$(cat target/image-check/2/*.digest)"; \
+	  echo "image-check: $$a / $$b"; [ "$$a" = "$$b" ]
+
+.PHONY: installer
+installer: ## Write dist/install.yaml: config/default in one file, the image pinned by digest (DIGEST=, IMG=)
+	hack/installer.sh
+
+.PHONY: helm-build
+helm-build: ## Build helm (v4, from its Go module; cached in ~/.cache/ballast)
+	hack/build-helm.sh >/dev/null
+
+.PHONY: helm-lint
+helm-lint: helm-build ## helm lint charts/ballast
+	"$$(hack/build-helm.sh 2>/dev/null)" lint charts/ballast
+
 ##@ Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)
 
 .PHONY: cluster-build

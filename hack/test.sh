@@ -25,6 +25,9 @@ if ! command -v lua5.4 >/dev/null; then
 fi
 
 hack/build-cluster.sh
+# tests/install.rs renders and installs the Helm chart with the real helm (v4, built once and
+# cached like the control plane).
+hack/build-helm.sh >/dev/null
 
 started=false
 if ! hack/cluster-up.sh --check 2>/dev/null; then
@@ -46,7 +49,10 @@ export KUBECONFIG="$STATE/kubeconfig"
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
 rm -rf target/fault-results
 # tests/faults_cluster.rs starts a second cluster: it runs in the phase below, alone.
-cargo test --no-fail-fast --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own "$@"
+# tests/install.rs's cluster test installs and deletes the CRDs on a cluster of its own: its phase
+# is below too.
+cargo test --no-fail-fast --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own \
+  --skip installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own "$@"
 if [ $# -eq 0 ]; then
   # The RolloutStrategy tests ran with the revision gate (admission, the default); once more
   # in the fallback mode, where governed Deployments are kept paused at rest.
@@ -57,6 +63,8 @@ if [ $# -eq 0 ]; then
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
   cargo test --test faults_cluster -- --test-threads=1
+  # dist/install.yaml and the Helm chart installed and uninstalled (target/install-cluster).
+  cargo test --test install -- installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own
   # The fault-injection scenarios (tests/faults*.rs) each wrote a row; print the table.
   hack/fault-table.sh
 fi
