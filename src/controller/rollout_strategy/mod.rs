@@ -32,7 +32,7 @@ use super::{
     Context, ShutdownSignal,
     reconcile::{Outcomes, key},
 };
-use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
+use crate::api::rollout_strategy::{ABORT_ANNOTATION, APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{HookPhase, RolloutStrategy};
 use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
@@ -407,6 +407,7 @@ fn decide(
         status: &status,
         approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
         retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
+        abort: annotations.get(ABORT_ANNOTATION).map(String::as_str),
         deployment: observed.deployment.as_ref(),
         jobs: &observed.jobs,
         now: jiff::Timestamp::now(),
