@@ -6,6 +6,7 @@
 mod support;
 
 use ballast::api::{HookPhase, RolloutPhase};
+use kube::ResourceExt;
 use std::process::{Command, Output};
 use support::rollout::*;
 
@@ -200,4 +201,93 @@ async fn a_failed_hook_shows_in_wait_and_logs_falls_back_to_the_recorded_tail() 
         String::from_utf8_lossy(&o.stdout).contains(tail.trim()),
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn spread_counts_equal_the_pods_real_nodes() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let env = Env::new("plug-spread").await;
+    env.apply(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api, labels: {tier: api}}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec: {containers: [{name: app, image: "api:1"}]}
+---
+apiVersion: ballast.dev/v1alpha1
+kind: SpreadPolicy
+metadata: {name: api-ha}
+spec:
+  selector: {matchLabels: {tier: api}}
+  spread:
+    - {topologyKey: topology.kubernetes.io/zone, mode: Required}
+    - {topologyKey: kubernetes.io/hostname, mode: Preferred, weight: 100}
+"#,
+    );
+    let pods: kube::Api<Pod> = kube::Api::namespaced(env.client(), &env.ns.name);
+    let lp = kube::api::ListParams::default().labels("app=api");
+    // 4 replicas of the policy's template in 3 zones: 3 scheduled, 1 Pending.
+    let placed = support::wait_until(
+        "the policy's pods placed",
+        std::time::Duration::from_secs(60),
+        || async {
+            let items = pods.list(&lp).await.ok()?.items;
+            let live: Vec<_> = items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            // Only the policy's template left (the rollout it caused is over).
+            let all_new = live
+                .iter()
+                .all(|p| p.spec.as_ref().is_some_and(|s| s.affinity.is_some()));
+            (all_new && live.len() == 4 && items_scheduled(&live) == 3).then_some(live)
+        },
+    )
+    .await;
+    let nodes: kube::Api<Node> = kube::Api::all(env.client());
+    let zone_of: std::collections::BTreeMap<String, String> = nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| {
+            let z = n.labels()["topology.kubernetes.io/zone"].clone();
+            (n.metadata.name.unwrap(), z)
+        })
+        .collect();
+    let mut want: std::collections::BTreeMap<String, i64> =
+        zone_of.values().map(|z| (z.clone(), 0)).collect();
+    for p in &placed {
+        if let Some(n) = p.spec.as_ref().unwrap().node_name.as_ref() {
+            *want.get_mut(&zone_of[n]).unwrap() += 1;
+        }
+    }
+    let o = plugin(&env, &["spread", "api-ha", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let zone = &v["rows"][0];
+    assert_eq!(zone["topologyKey"], "topology.kubernetes.io/zone");
+    let got: std::collections::BTreeMap<String, i64> = zone["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d[0].as_str().unwrap().to_string(), d[1].as_i64().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(zone["pending"], 1);
+    assert_eq!(v["rows"][1]["topologyKey"], "kubernetes.io/hostname");
+    let table = text(&plugin(&env, &["spread", "api-ha"]));
+    assert!(table.contains("Deployment/api"), "{table}");
+}
+
+fn items_scheduled(pods: &[k8s_openapi::api::core::v1::Pod]) -> usize {
+    pods.iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .count()
 }
