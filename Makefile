@@ -53,6 +53,10 @@ bench-cluster: ## Cluster benchmarks against the local control plane (starts it 
 	  done; \
 	  if [ -n "$$failed" ]; then echo "bench-cluster: failed:$$failed" >&2; exit 1; fi
 
+.PHONY: install-plugin
+install-plugin: ## Install the kubectl plugin (kubectl ballast) into ~/.cargo/bin
+	$(CARGO) install --path . --bin kubectl-ballast --locked
+
 .PHONY: run
 run: ## Run the operator on the local cluster with the examples applied
 	hack/run.sh

@@ -15,4 +15,5 @@ pub mod http;
 pub mod k8s;
 pub mod leader;
 pub mod metrics;
+pub mod plugin;
 pub mod telemetry;

@@ -11,7 +11,7 @@ pub mod spread_policy;
 pub use common::{GROUP, VERSION};
 pub use rollout_strategy::{
     ApprovalGate, ContainerHook, FailurePolicy, Gate, Hook, HookAction, HookPhase, HookPoint,
-    HookStatus, OnFailure, RolloutPhase, RolloutStrategy, RolloutStrategySpec,
+    HookStatus, OnFailure, OnTimeout, RolloutPhase, RolloutStrategy, RolloutStrategySpec,
     RolloutStrategyStatus, TargetRef,
 };
 pub use spread_policy::{
@@ -115,7 +115,15 @@ mod tests {
                     "READY".into(),
                     ".status.conditions[?(@.type==\"Ready\")].status".into()
                 ),
+                (
+                    "INFEASIBLE".into(),
+                    ".status.conditions[?(@.type==\"Infeasible\")].status".into()
+                ),
                 ("AGE".into(), ".metadata.creationTimestamp".into()),
+                (
+                    "MESSAGE".into(),
+                    ".status.conditions[?(@.type==\"Ready\")].message".into()
+                ),
             ]
         );
         assert_eq!(
@@ -125,10 +133,24 @@ mod tests {
                 ("PHASE".into(), ".status.phase".into()),
                 ("HOOK".into(), ".status.currentHook".into()),
                 ("REVISION".into(), ".status.currentRevision".into()),
+                ("DESIRED".into(), ".status.desiredReplicas".into()),
                 ("UPDATED".into(), ".status.updatedReplicas".into()),
+                ("READY".into(), ".status.ready".into()),
                 ("AGE".into(), ".metadata.creationTimestamp".into()),
+                ("MESSAGE".into(), ".status.message".into()),
             ]
         );
+        // MESSAGE only with `-o wide`.
+        for crd in [spol, rost] {
+            let wide: Vec<_> = crd.spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .filter(|c| c.priority == Some(1))
+                .map(|c| c.name.as_str())
+                .collect();
+            assert_eq!(wide, ["Message"], "{}", crd.spec.names.kind);
+        }
     }
 
     /// Calls `visit` on every schema node below `v` (itself included): through

@@ -21,6 +21,9 @@ use super::common::{
 pub const APPROVE_ANNOTATION: &str = "ballast.dev/approve";
 /// Annotation on a RolloutStrategy that retries a failed revision: `ballast.dev/retry=<revision>`.
 pub const RETRY_ANNOTATION: &str = "ballast.dev/retry";
+/// Annotation on a RolloutStrategy that fails the revision under way, with `onFailure` applied:
+/// `ballast.dev/abort=<revision>`.
+pub const ABORT_ANNOTATION: &str = "ballast.dev/abort";
 
 /// Longest hook name: leaves room in the 63-character Job name for the strategy name, the
 /// revision and the attempt.
@@ -80,15 +83,34 @@ pub const MAX_SECONDS: i32 = 604_800;
         json_path = ".status.currentRevision"
     ),
     printcolumn(
+        name = "Desired",
+        type_ = "integer",
+        description = "Replicas the Deployment wants",
+        json_path = ".status.desiredReplicas"
+    ),
+    printcolumn(
         name = "Updated",
         type_ = "integer",
         description = "Replicas of the current revision",
         json_path = ".status.updatedReplicas"
     ),
     printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "Ready replicas of the desired ones",
+        json_path = ".status.ready"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        description = "What the strategy is doing or waiting for",
+        json_path = ".status.message",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -251,8 +273,10 @@ pub struct Hook {
     pub job: Option<serde_json::Value>,
 
     /// Mid hooks only: a manual gate. The rollout waits, paused, until this RolloutStrategy is
-    /// annotated `ballast.dev/approve=<revision>` (the revision in `status.currentRevision`).
-    /// Timeouts, retries and failurePolicy do not apply to a gate.
+    /// annotated `ballast.dev/approve=<revision>` (the revision in `status.currentRevision`),
+    /// or, with `approval.timeoutSeconds`, until that deadline passes (then `onTimeout`).
+    /// The hook's timeoutSeconds, pendingTimeoutSeconds, retries and failurePolicy do not apply
+    /// to a gate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalGate>,
 
@@ -387,9 +411,46 @@ pub struct ContainerHook {
     pub env: Vec<EnvVar>,
 }
 
-/// A manual approval gate. It has no fields: write `approval: {}`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct ApprovalGate {}
+/// A manual approval gate: `approval: {}` waits for `ballast.dev/approve=<revision>` for as long
+/// as it takes; `approval: {timeoutSeconds: 3600, onTimeout: Abort}` waits at most that long.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.onTimeout) || has(self.timeoutSeconds)")
+        .message("onTimeout needs timeoutSeconds")
+        .field_path(".onTimeout")
+        .reason(Reason::FieldValueForbidden),
+)]
+#[schemars(transform = unwrap_descriptions)]
+pub struct ApprovalGate {
+    /// Seconds the gate waits for its approval, from the moment it is reached, 1..604800 (7
+    /// days); then `onTimeout` decides. Unset: the gate waits until approved (or aborted).
+    /// The deadline is in `status.hooks[].deadline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
+    pub timeout_seconds: Option<i32>,
+
+    /// What the gate does when `timeoutSeconds` pass without an approval: `Abort` (default)
+    /// fails the revision (then `spec.onFailure` applies, as for a failed hook); `Approve`
+    /// opens the gate as an approval would. Only with `timeoutSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+impl ApprovalGate {
+    /// What a timeout does (`Abort` unless said otherwise).
+    pub fn on_timeout(&self) -> OnTimeout {
+        self.on_timeout.unwrap_or_default()
+    }
+}
+
+/// What an approval gate does when its `timeoutSeconds` pass: `Abort` or `Approve`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum OnTimeout {
+    #[default]
+    Abort,
+    Approve,
+}
 
 /// What a failed hook does: `Abort`, `Retry` or `Ignore`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -542,6 +603,15 @@ pub struct RolloutStrategyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_replicas: Option<i32>,
 
+    /// The Deployment's `spec.replicas`: how many replicas it wants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+
+    /// Ready replicas of all revisions against the desired count, as `kubectl get deploy`
+    /// prints it, e.g. `3/4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+
     /// Human-readable summary of the phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -587,9 +657,10 @@ pub struct RolloutStrategyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_uid: Option<String>,
 
-    /// Bookkeeping for the operator: `ballast.dev/approve` and `ballast.dev/retry` values it has
-    /// acted on (recorded here first), removed from the annotations next. A crash between the two
-    /// writes neither loses an approval nor lets one approve a second gate.
+    /// Bookkeeping for the operator: `ballast.dev/approve`, `ballast.dev/retry` and
+    /// `ballast.dev/abort` values it has acted on (recorded here first), removed from the
+    /// annotations next. A crash between the two writes neither loses an approval (or an abort)
+    /// nor lets one approve a second gate.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub consumed_annotations: BTreeMap<String, String>,
 }
@@ -633,6 +704,10 @@ pub struct HookStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "time_schema")]
     pub finish_time: Option<Time>,
+    /// An approval gate with `timeoutSeconds`: when it stops waiting and `onTimeout` applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub deadline: Option<Time>,
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -784,6 +859,7 @@ spec:
             "at is only allowed in mid hooks",
             "every mid hook needs at",
             "retries is only allowed when failurePolicy is Retry",
+            "onTimeout needs timeoutSeconds",
             "at must be a positive replica count or a percent from 1% to 100%",
         ] {
             assert!(text.contains(message), "missing rule: {message}");

@@ -63,9 +63,22 @@ pub const MAX_COUNT: i32 = 1_000_000;
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Infeasible",
+        type_ = "string",
+        description = "Whether a Required spread leaves pods Pending (the Infeasible condition)",
+        json_path = ".status.conditions[?(@.type==\"Infeasible\")].status"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        description = "The Ready condition's message",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]

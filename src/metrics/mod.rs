@@ -44,6 +44,32 @@ pub struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectPhaseLabels {
+    pub namespace: String,
+    pub name: String,
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectLabels {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Every RolloutStrategy phase, as `ballast_rollout_strategy_phase` labels them.
+pub const ROLLOUT_PHASES: [&str; 9] = [
+    "Idle",
+    "PreHook",
+    "Rolling",
+    "MidHook",
+    "WaitingApproval",
+    "PostHook",
+    "Succeeded",
+    "Failed",
+    "RolledBack",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GateLabels {
     pub mode: &'static str,
 }
@@ -63,6 +89,10 @@ pub struct Metrics {
     pub api_requests: Family<api::ApiRequestLabels, Counter>,
     /// 1 for the RolloutStrategy gate in force (`admission` or `pause-at-rest`), 0 for the other.
     pub gate: Family<GateLabels, Gauge>,
+    /// Per RolloutStrategy, 1 for its phase and 0 for the others (kube-state-metrics style).
+    pub rollout_strategy_phase: Family<ObjectPhaseLabels, Gauge>,
+    /// Per SpreadPolicy, the pods its Required spreads leave Pending.
+    pub spread_policy_infeasible_pods: Family<ObjectLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -83,6 +113,18 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let api_requests = Family::<api::ApiRequestLabels, Counter>::default();
         let gate = Family::<GateLabels, Gauge>::default();
+        let rollout_strategy_phase = Family::<ObjectPhaseLabels, Gauge>::default();
+        let spread_policy_infeasible_pods = Family::<ObjectLabels, Gauge>::default();
+        registry.register(
+            "rollout_strategy_phase",
+            "1 for the phase each RolloutStrategy is in, 0 for the other phases",
+            rollout_strategy_phase.clone(),
+        );
+        registry.register(
+            "spread_policy_infeasible_pods",
+            "Pods each SpreadPolicy's Required spreads leave Pending (too few domains)",
+            spread_policy_infeasible_pods.clone(),
+        );
         registry.register("reconciles", "Reconciliations run", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -141,6 +183,8 @@ impl Default for Metrics {
             leader,
             api_requests,
             gate,
+            rollout_strategy_phase,
+            spread_policy_infeasible_pods,
         }
     }
 }
@@ -152,6 +196,46 @@ impl Metrics {
             self.gate
                 .get_or_create(&GateLabels { mode })
                 .set(i64::from(on));
+        }
+    }
+
+    /// Records the phase of RolloutStrategy `ns/name` (`None`: it is gone, its series go too).
+    pub fn set_rollout_phase(&self, ns: &str, name: &str, phase: Option<&str>) {
+        for p in ROLLOUT_PHASES {
+            let labels = ObjectPhaseLabels {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                phase: p,
+            };
+            match phase {
+                Some(cur) => {
+                    self.rollout_strategy_phase
+                        .get_or_create(&labels)
+                        .set(i64::from(cur == p));
+                }
+                None => {
+                    self.rollout_strategy_phase.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// Records the pods SpreadPolicy `ns/name` leaves Pending (`None`: it is gone), from its
+    /// plan on every reconcile.
+    pub fn set_spread_infeasible(&self, ns: &str, name: &str, pending: Option<i64>) {
+        let labels = ObjectLabels {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        };
+        match pending {
+            Some(n) => {
+                self.spread_policy_infeasible_pods
+                    .get_or_create(&labels)
+                    .set(n);
+            }
+            None => {
+                self.spread_policy_infeasible_pods.remove(&labels);
+            }
         }
     }
 
@@ -212,5 +296,30 @@ mod tests {
         assert!(text.contains("reason=\"ApplyFailed\""), "{text}");
         assert!(text.contains("ballast_workload_writes_total"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn the_phase_gauge_is_one_for_the_current_phase_and_goes_with_the_strategy() {
+        let m = Metrics::default();
+        m.set_rollout_phase("shop", "web", Some("PreHook"));
+        m.set_rollout_phase("shop", "web", Some("WaitingApproval"));
+        let text = m.render();
+        let line = |phase: &str| {
+            format!(
+                "ballast_rollout_strategy_phase{{namespace=\"shop\",name=\"web\",phase=\"{phase}\"}}"
+            )
+        };
+        assert!(
+            text.contains(&format!("{} 1\n", line("WaitingApproval"))),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{} 0\n", line("PreHook"))), "{text}");
+        assert_eq!(text.matches("ballast_rollout_strategy_phase{").count(), 9);
+        m.set_rollout_phase("shop", "web", None);
+        assert!(!m.render().contains("ballast_rollout_strategy_phase{"));
+        m.set_spread_infeasible("shop", "web-ha", Some(2));
+        assert!(m.render().contains(
+            "ballast_spread_policy_infeasible_pods{namespace=\"shop\",name=\"web-ha\"} 2"
+        ));
     }
 }

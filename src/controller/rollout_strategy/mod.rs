@@ -32,7 +32,7 @@ use super::{
     Context, ShutdownSignal,
     reconcile::{Outcomes, key},
 };
-use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
+use crate::api::rollout_strategy::{ABORT_ANNOTATION, APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{HookPhase, RolloutStrategy};
 use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
@@ -357,10 +357,22 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
         return Err(Error::CacheNotReady);
     }
     // The newest cached copy: the one this reconcile was scheduled with may be older.
+    let ns = obj.namespace().unwrap_or_default();
     let Some(cached) = st.strategies.get(&ObjectRef::from_obj(obj)) else {
         // Deleted (a relist swaps the store whole, so absent means gone).
+        st.ctx.metrics.set_rollout_phase(&ns, &obj.name_any(), None);
         return Ok(Action::await_change());
     };
+    // The phase gauge follows the cache, so a new leader reports every strategy at once.
+    let phase = match cached.as_ref() {
+        Lenient::Ok(s) if cached.meta().deletion_timestamp.is_none() => Some(machine::phase_name(
+            s.status.as_ref().and_then(|s| s.phase).unwrap_or_default(),
+        )),
+        _ => None,
+    };
+    st.ctx
+        .metrics
+        .set_rollout_phase(&ns, &obj.name_any(), phase);
     match cached.as_ref() {
         Lenient::Ok(strategy) => match settled(strategy, st) {
             Some(action) => Ok(action),
@@ -407,6 +419,7 @@ fn decide(
         status: &status,
         approve: annotations.get(APPROVE_ANNOTATION).map(String::as_str),
         retry: annotations.get(RETRY_ANNOTATION).map(String::as_str),
+        abort: annotations.get(ABORT_ANNOTATION).map(String::as_str),
         deployment: observed.deployment.as_ref(),
         jobs: &observed.jobs,
         now: jiff::Timestamp::now(),

@@ -387,6 +387,11 @@ async fn sync(
         unobserved_writes: &seen.unobserved,
     });
     let outcome = perform(st, policy, &plan, &workloads).await;
+    if !deleting {
+        st.ctx
+            .metrics
+            .set_spread_infeasible(&ns, &name, Some(plan.pending));
+    }
 
     if readable {
         let new_status = status::build(policy, &plan, &outcome.rejected, jiff::Timestamp::now());
@@ -419,6 +424,7 @@ async fn sync(
             .cloned()
             .collect();
         set_finalizers(st, obj, f).await?;
+        st.ctx.metrics.set_spread_infeasible(&ns, &name, None);
         tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
         return Ok(Action::await_change());
     }

@@ -83,6 +83,9 @@ pub struct Plan {
     pub workloads: Vec<WorkloadStatus>,
     pub conflicts: Vec<String>,
     pub shortfalls: Vec<String>,
+    /// Pods the nodes cannot place under a `Required` spread: per workload the largest of its
+    /// shortfalls, summed over the workloads.
+    pub pending: i64,
     pub warnings: Vec<String>,
     pub domains: Vec<TopologyDomains>,
     /// Workloads that need a template change but wait for the pacing budget.
@@ -230,6 +233,7 @@ pub fn plan(inp: &Inputs) -> Plan {
             let f = assess(&policy.spec, w, inp.nodes);
             out.shortfalls
                 .extend(f.shortfalls.iter().map(|s| s.message(&w.name)));
+            out.pending += i64::from(f.shortfalls.iter().map(|s| s.pending).max().unwrap_or(0));
             for warning in f.warnings {
                 if warned.insert(warning.clone()) {
                     out.warnings.push(warning);
@@ -385,6 +389,34 @@ mod tests {
             nodes: &[],
             unobserved_writes: &BTreeSet::new(),
         })
+    }
+
+    #[test]
+    fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
+        // Required over `zone`, two zones: 3 replicas leave 1 Pending, 5 leave 3, 2 none.
+        let p = policy(json!({}));
+        let nodes: Vec<NodeInfo> = ["a", "b"]
+            .iter()
+            .map(|z| NodeInfo {
+                name: format!("n-{z}"),
+                labels: [("zone".to_string(), z.to_string())].into(),
+                ready: true,
+                ..Default::default()
+            })
+            .collect();
+        let mut big = web("b");
+        big.replicas = 5;
+        let mut small = web("c");
+        small.replicas = 2;
+        let out = plan(&Inputs {
+            policy: &p,
+            policies: &[Arc::new(p.clone())],
+            workloads: &[web("a"), big, small],
+            nodes: &nodes,
+            unobserved_writes: &BTreeSet::new(),
+        });
+        assert_eq!(out.shortfalls.len(), 2, "{:?}", out.shortfalls);
+        assert_eq!(out.pending, 4);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! cluster (a Job exists, the Deployment is paused, the template is the stable one).
 
 use super::observe::{DeploymentView, HookPod, JobView};
-use crate::api::rollout_strategy::{APPROVE_ANNOTATION, RETRY_ANNOTATION};
+use crate::api::rollout_strategy::{ABORT_ANNOTATION, APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{Gate, HookPoint, RolloutPhase, RolloutStrategySpec, RolloutStrategyStatus};
 use crate::k8s::conditions::{Status, set_condition};
 use jiff::{SignedDuration, Timestamp};
@@ -18,6 +18,14 @@ use std::time::Duration;
 
 /// Reason of a hook entry whose hook left the spec while it ran.
 pub const CANCELLED: &str = "Cancelled";
+/// Reason of a hook entry that was running or waiting when its revision was aborted
+/// (`ballast.dev/abort`).
+pub const ABORTED: &str = "Aborted";
+/// Reason of an approval gate opened by `ballast.dev/approve`.
+pub const APPROVED: &str = "Approved";
+/// Reason of an approval gate whose `timeoutSeconds` passed: with `onTimeout: Approve` it is
+/// opened, with `Abort` it fails the revision.
+pub const APPROVAL_TIMEOUT: &str = "ApprovalTimeout";
 
 /// First retry backoff; doubled per attempt.
 pub const BACKOFF_BASE_SECONDS: i64 = 5;
@@ -155,6 +163,8 @@ pub struct Input<'a> {
     pub approve: Option<&'a str>,
     /// Value of `ballast.dev/retry`.
     pub retry: Option<&'a str>,
+    /// Value of `ballast.dev/abort`.
+    pub abort: Option<&'a str>,
     pub deployment: Option<&'a DeploymentView>,
     pub jobs: &'a [JobView],
     pub now: Timestamp,
@@ -318,6 +328,7 @@ impl<'a> Machine<'a> {
         for (key, value) in [
             (APPROVE_ANNOTATION, self.i.approve),
             (RETRY_ANNOTATION, self.i.retry),
+            (ABORT_ANNOTATION, self.i.abort),
         ] {
             if value.is_some() && self.st.consumed_annotations.get(key).map(String::as_str) == value
             {
@@ -373,12 +384,17 @@ impl<'a> Machine<'a> {
         self.st.updated_replicas = Some(dep.updated_replicas);
         self.st.ready_replicas = Some(dep.ready_replicas);
         self.st.available_replicas = Some(dep.available_replicas);
+        self.st.desired_replicas = Some(dep.replicas);
+        self.st.ready = Some(format!("{}/{}", dep.ready_replicas, dep.replicas));
 
         if let Some(r) = self.i.rejected.filter(|r| r.effect.writes_deployment()) {
             self.write_refused(r);
             return;
         }
         self.cancel_removed_hooks();
+        if self.abort(dep) {
+            return;
+        }
         if let Some(job) = self.stray_active_job(dep) {
             self.effect(Effect::DeleteJob(job));
             return;

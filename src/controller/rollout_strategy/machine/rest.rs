@@ -2,9 +2,10 @@
 //! and which finished hook Jobs to prune.
 
 use super::super::observe::{DeploymentView, JobView};
-use super::{Effect, Machine, Start, short};
-use crate::api::rollout_strategy::RETRY_ANNOTATION;
-use crate::api::{OnFailure, RolloutPhase};
+use super::{ABORTED, Effect, Machine, Start, in_progress, phase_name, short};
+use crate::api::rollout_strategy::{ABORT_ANNOTATION, RETRY_ANNOTATION};
+use crate::api::{HookPhase, OnFailure, RolloutPhase};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 impl Machine<'_> {
     /// The current revision failed; what happens to the Deployment is decided at rest.
@@ -12,6 +13,63 @@ impl Machine<'_> {
         self.set_phase(RolloutPhase::Failed);
         self.st.message = Some(message.clone());
         self.event(true, "RolloutFailed", message);
+    }
+
+    /// `ballast.dev/abort=<revision>`: the revision under way fails as a failed hook would fail
+    /// it (then `onFailure` applies, at rest). A hook Job still running is given up (its entry
+    /// ends `Aborted`, so it is deleted as stray) and an approval gate waits no longer. An abort
+    /// that names another revision than the one under way, or comes when none is, is refused:
+    /// the status message and a Warning Event say why. Either way the annotation is recorded in
+    /// status first and removed next round, like an approval. Returns whether there was one.
+    pub(super) fn abort(&mut self, dep: &DeploymentView) -> bool {
+        let Some(value) = self.i.abort else {
+            return false;
+        };
+        let cur = self.current();
+        self.consume(ABORT_ANNOTATION, value);
+        let phase = self.phase();
+        if in_progress(phase) && value == cur && dep.revision == cur {
+            let now = Time(self.now());
+            for e in self
+                .st
+                .hooks
+                .iter_mut()
+                .filter(|e| Self::is_open(e) || e.phase == HookPhase::Waiting)
+            {
+                e.phase = HookPhase::Failed;
+                e.reason = Some(ABORTED.into());
+                e.message = Some(format!("the revision was aborted by {ABORT_ANNOTATION}"));
+                e.finish_time = Some(now.clone());
+            }
+            let at = self
+                .st
+                .current_hook
+                .take()
+                .map(|h| format!(" at hook {h}"))
+                .unwrap_or_default();
+            self.fail(format!(
+                "revision {cur} aborted by {ABORT_ANNOTATION}={value} in phase {}{at}",
+                phase_name(phase)
+            ));
+            return true;
+        }
+        let why = if value != cur {
+            format!("the revision under way is {}", short(Some(&cur)))
+        } else if in_progress(phase) {
+            format!(
+                "the Deployment's template is revision {} now; revision {cur} is being superseded",
+                dep.revision
+            )
+        } else {
+            format!(
+                "revision {cur} is not under way (phase {})",
+                phase_name(phase)
+            )
+        };
+        let msg = format!("{ABORT_ANNOTATION}={value} refused: {why}");
+        self.event(true, "AbortRefused", msg.clone());
+        self.st.message = Some(msg);
+        true
     }
 
     pub(super) fn at_rest(&mut self, dep: &DeploymentView) {

@@ -3,9 +3,11 @@
 
 use super::super::hooks;
 use super::super::observe::{DeploymentView, JobState};
-use super::{CANCELLED, Effect, HookResult, Machine, Run, backoff, point_phase};
+use super::{
+    APPROVAL_TIMEOUT, APPROVED, CANCELLED, Effect, HookResult, Machine, Run, backoff, point_phase,
+};
 use crate::api::rollout_strategy::APPROVE_ANNOTATION;
-use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, HookStatus, RolloutPhase};
+use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, HookStatus, OnTimeout, RolloutPhase};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -13,10 +15,12 @@ impl Machine<'_> {
     /// Makes a new run of `hook` the current one: phase, message and a HookStarted Event.
     fn announce(&mut self, point: HookPoint, hook: &Hook, rev: &str, attempt: i32, why: &str) {
         self.st.current_hook = Some(hook.name.clone());
-        if hook.approval.is_some() {
+        if let Some(gate) = &hook.approval {
             self.set_phase(RolloutPhase::WaitingApproval);
-            self.st.message = Some(format!(
-                "waiting for approval: annotate this RolloutStrategy {APPROVE_ANNOTATION}={rev}"
+            self.st.message = Some(Self::waiting_message(
+                rev,
+                gate.timeout_seconds
+                    .map(|_| (self.gate_deadline(hook, self.now()), gate.on_timeout())),
             ));
             self.event(
                 false,
@@ -45,9 +49,40 @@ impl Machine<'_> {
         }
     }
 
+    /// What a waiting approval gate says: the annotation that opens it, and its deadline.
+    fn waiting_message(rev: &str, deadline: Option<(Timestamp, OnTimeout)>) -> String {
+        let mut msg = format!(
+            "waiting for approval: annotate this RolloutStrategy {APPROVE_ANNOTATION}={rev}"
+        );
+        if let Some((at, then)) = deadline {
+            let then = match then {
+                OnTimeout::Abort => "aborted",
+                OnTimeout::Approve => "approved",
+            };
+            msg.push_str(&format!(
+                " (until {}, then {then})",
+                at.round(jiff::Unit::Second).unwrap_or(at)
+            ));
+        }
+        msg
+    }
+
+    /// When an approval gate reached at `since` stops waiting (a gate without a timeout: never,
+    /// and this is not asked).
+    fn gate_deadline(&self, hook: &Hook, since: Timestamp) -> Timestamp {
+        let secs = hook
+            .approval
+            .as_ref()
+            .and_then(|g| g.timeout_seconds)
+            .unwrap_or(0);
+        since + SignedDuration::from_secs(i64::from(secs))
+    }
+
     /// A new run of `hook`: Waiting for an approval gate, else Pending (its Job is next).
     fn open_entry(&self, hook: &Hook, point: HookPoint, rev: &str, attempt: i32) -> HookStatus {
+        let gate_timeout = hook.approval.as_ref().and_then(|g| g.timeout_seconds);
         HookStatus {
+            deadline: gate_timeout.map(|_| Time(self.gate_deadline(hook, self.now()))),
             name: hook.name.clone(),
             point,
             revision: rev.to_string(),
@@ -132,21 +167,59 @@ impl Machine<'_> {
             }
             HookPhase::Waiting => {
                 self.st.current_hook = Some(hook.name.clone());
+                let gate = hook.approval.clone().unwrap_or_default();
+                // The deadline follows the spec (a timeout added, changed or removed while the
+                // gate waits), counted from the moment the gate was reached.
+                let since = e.start_time.as_ref().map_or(self.now(), |t| t.0);
+                let deadline = gate
+                    .timeout_seconds
+                    .map(|_| self.gate_deadline(hook, since));
+                self.st.hooks[idx].deadline = deadline.map(Time);
+                let timed_out = deadline.is_some_and(|d| self.now() >= d);
                 if self.i.approve == Some(rev.as_str()) {
                     self.consume(APPROVE_ANNOTATION, &rev);
-                    let entry = &mut self.st.hooks[idx];
-                    entry.phase = HookPhase::Succeeded;
-                    entry.reason = Some("Approved".into());
-                    entry.message = Some(format!("approved by {APPROVE_ANNOTATION}={rev}"));
-                    entry.finish_time = Some(Time(self.i.now));
-                    self.set_phase(point_phase(point));
-                    self.event(
-                        false,
-                        "HookSucceeded",
-                        format!("approval gate {} approved for revision {rev}", hook.name),
+                    return self.open_gate(
+                        idx,
+                        point,
+                        hook,
+                        APPROVED,
+                        format!("approved by {APPROVE_ANNOTATION}={rev}"),
                     );
-                    return Run::Acted;
                 }
+                if timed_out {
+                    let secs = gate.timeout_seconds.unwrap_or(0);
+                    if gate.on_timeout() == OnTimeout::Approve {
+                        return self.open_gate(
+                            idx,
+                            point,
+                            hook,
+                            APPROVAL_TIMEOUT,
+                            format!("no approval within timeoutSeconds ({secs}s): approved (onTimeout: Approve)"),
+                        );
+                    }
+                    let now = self.now();
+                    let entry = &mut self.st.hooks[idx];
+                    entry.phase = HookPhase::Failed;
+                    entry.reason = Some(APPROVAL_TIMEOUT.into());
+                    entry.message = Some(format!(
+                        "no approval within timeoutSeconds ({secs}s): aborted (onTimeout: Abort)"
+                    ));
+                    entry.finish_time = Some(Time(now));
+                    let note = format!(
+                        "approval gate {} of revision {rev} had no approval within timeoutSeconds ({secs}s): the revision is aborted",
+                        hook.name
+                    );
+                    self.event(true, "HookFailed", note.clone());
+                    self.fail(note);
+                    return Run::Failed;
+                }
+                if let Some(d) = deadline {
+                    self.requeue_in(d.duration_since(self.now()));
+                }
+                self.st.message = Some(Self::waiting_message(
+                    &rev,
+                    deadline.map(|d| (d, gate.on_timeout())),
+                ));
                 self.set_phase(RolloutPhase::WaitingApproval);
                 Run::Waiting
             }
@@ -155,6 +228,30 @@ impl Machine<'_> {
                 self.track(idx, point, hook, Some(dep))
             }
         }
+    }
+
+    /// Opens the approval gate at `idx` (approved, or its timeout with `onTimeout: Approve`).
+    fn open_gate(
+        &mut self,
+        idx: usize,
+        point: HookPoint,
+        hook: &Hook,
+        reason: &str,
+        message: String,
+    ) -> Run {
+        let rev = self.current();
+        let entry = &mut self.st.hooks[idx];
+        entry.phase = HookPhase::Succeeded;
+        entry.reason = Some(reason.into());
+        entry.message = Some(message.clone());
+        entry.finish_time = Some(Time(self.i.now));
+        self.set_phase(point_phase(point));
+        self.event(
+            false,
+            "HookSucceeded",
+            format!("approval gate {} of revision {rev}: {message}", hook.name),
+        );
+        Run::Acted
     }
 
     /// Follows the Job of an open hook entry: creates or adopts it, records how it ended, and

@@ -2,6 +2,7 @@
 //! from hand-built observations.
 
 use super::*;
+use crate::api::rollout_strategy::ABORT_ANNOTATION;
 use crate::api::{HookPhase, HookStatus};
 use crate::controller::rollout_strategy::hooks;
 use crate::controller::rollout_strategy::observe::{JobState, PodView, ReplicaSetView, Terminated};
@@ -179,6 +180,7 @@ struct Case<'a> {
     jobs: Vec<JobView>,
     approve: Option<&'a str>,
     retry: Option<&'a str>,
+    abort: Option<&'a str>,
     governed_by: Option<&'a str>,
     live_pods: Vec<HookPod>,
     rejected: Option<Rejection>,
@@ -196,6 +198,7 @@ impl<'a> Case<'a> {
             jobs: vec![],
             approve: None,
             retry: None,
+            abort: None,
             governed_by: None,
             live_pods: vec![],
             rejected: None,
@@ -237,6 +240,7 @@ impl<'a> Case<'a> {
             status: &self.status,
             approve: self.approve,
             retry: self.retry,
+            abort: self.abort,
             deployment: self.dep.as_ref(),
             jobs: &self.jobs,
             now: t(self.now),
@@ -1051,6 +1055,255 @@ fn a_hook_renamed_while_it_runs_is_cancelled_and_runs_once_under_its_new_name() 
     assert_eq!(hook(&d, "migrate").phase, HookPhase::Pending);
     assert_eq!(hook(&d, "migrate").attempt, 2);
     assert_ne!(phase(&d), RolloutPhase::Failed);
+}
+
+// ---- abort and approval deadlines ----
+
+/// A revision NEW waiting at approval gate `go-live` (reached at t(0)), with `gate` as its
+/// `approval:` and the Deployment paused at the point.
+fn waiting_at_gate(gate: &str) -> (RolloutStrategySpec, RolloutStrategyStatus) {
+    let s = spec(&format!(
+        "mid: [{{name: go-live, at: 1, approval: {gate}}}]"
+    ));
+    let mut c = Case::new(
+        s.clone(),
+        status(RolloutPhase::MidHook, vec![]),
+        rolling_dep(1, true),
+    );
+    c.now = 0;
+    let d = c.decide();
+    assert_eq!(phase(&d), RolloutPhase::WaitingApproval);
+    (s, d.status)
+}
+
+/// Performs rounds of decisions as the reconciler would (effects, then status) with
+/// annotation `key` present until removed, on `dep`; returns the status once nothing changes.
+fn settle(
+    s: &RolloutStrategySpec,
+    mut st: RolloutStrategyStatus,
+    dep: DeploymentView,
+    abort: Option<&str>,
+    now: i64,
+) -> (RolloutStrategyStatus, Vec<Effect>, Vec<&'static str>) {
+    let mut annotation = abort.map(str::to_string);
+    let mut effects = vec![];
+    let mut events = vec![];
+    for _ in 0..10 {
+        let mut c = Case::new(s.clone(), st.clone(), dep.clone()).at(now);
+        c.abort = annotation.as_deref();
+        let d = c.decide();
+        if d.effects
+            .contains(&Effect::RemoveAnnotation(ABORT_ANNOTATION))
+        {
+            annotation = None;
+        }
+        let done = !d.changes(&st);
+        effects.extend(d.effects.clone());
+        events.extend(reasons(&d));
+        st = d.status;
+        if done {
+            break;
+        }
+    }
+    (st, effects, events)
+}
+
+#[test]
+fn abort_fails_the_waiting_revision_and_rolls_it_back() {
+    let (s, waiting) = waiting_at_gate("{}");
+    let mut c = Case::new(s.clone(), waiting.clone(), rolling_dep(1, true));
+    c.abort = Some(NEW);
+    let d = c.decide();
+    assert!(d.effects.is_empty(), "the abort is recorded first");
+    assert_eq!(phase(&d), RolloutPhase::Failed);
+    assert_eq!(hook(&d, "go-live").phase, HookPhase::Failed);
+    assert_eq!(hook(&d, "go-live").reason.as_deref(), Some(ABORTED));
+    assert_eq!(
+        d.status
+            .consumed_annotations
+            .get(ABORT_ANNOTATION)
+            .map(String::as_str),
+        Some(NEW)
+    );
+    assert!(
+        d.status.message.as_deref().unwrap().contains("aborted"),
+        "{:?}",
+        d.status.message
+    );
+    assert_eq!(reasons(&d), ["RolloutFailed"]);
+    // Next rounds: the annotation goes, then onFailure (Rollback) puts the stable template back.
+    let (st, effects, events) = settle(&s, d.status, rolling_dep(1, true), Some(NEW), 20);
+    assert_eq!(
+        effects,
+        [
+            Effect::RemoveAnnotation(ABORT_ANNOTATION),
+            Effect::RestoreTemplate
+        ]
+    );
+    assert_eq!(events, ["RolledBack"]);
+    assert_eq!(st.phase, Some(RolloutPhase::RolledBack));
+}
+
+#[test]
+fn abort_with_halt_leaves_the_revision_paused_and_failed() {
+    let (_, waiting) = waiting_at_gate("{}");
+    let s = spec("onFailure: Halt\nmid: [{name: go-live, at: 1, approval: {}}]");
+    let (st, effects, _) = settle(&s, waiting, rolling_dep(1, true), Some(NEW), 20);
+    assert_eq!(effects, [Effect::RemoveAnnotation(ABORT_ANNOTATION)]);
+    assert_eq!(st.phase, Some(RolloutPhase::Failed));
+}
+
+#[test]
+fn abort_gives_up_the_running_hook_and_deletes_its_job() {
+    let st = status(
+        RolloutPhase::PreHook,
+        vec![entry("migrate", HookPoint::Pre, HookPhase::Running, 1)],
+    );
+    let running = job("migrate", 1, JobState::Active, running_pod(5));
+    let s = full();
+    let mut c = Case::new(s.clone(), st, dep(NEW, true)).jobs(vec![running.clone()]);
+    c.abort = Some(NEW);
+    let d = c.decide();
+    assert_eq!(phase(&d), RolloutPhase::Failed);
+    assert_eq!(hook(&d, "migrate").reason.as_deref(), Some(ABORTED));
+    c.status = d.status;
+    let d = c.decide();
+    assert_eq!(d.effects, [Effect::RemoveAnnotation(ABORT_ANNOTATION)]);
+    c.status = d.status;
+    c.abort = None;
+    let d = c.decide();
+    assert_eq!(
+        d.effects,
+        [Effect::DeleteJob(running.name.clone())],
+        "the aborted hook's Job does not run on"
+    );
+}
+
+#[test]
+fn abort_of_another_revision_or_at_rest_is_refused_and_removed() {
+    let (s, waiting) = waiting_at_gate("{}");
+    let mut c = Case::new(s.clone(), waiting.clone(), rolling_dep(1, true));
+    c.abort = Some(OLD);
+    let d = c.decide();
+    assert!(d.effects.is_empty());
+    assert_eq!(phase(&d), RolloutPhase::WaitingApproval, "nothing aborted");
+    assert_eq!(hook(&d, "go-live").phase, HookPhase::Waiting);
+    assert_eq!(reasons(&d), ["AbortRefused"]);
+    let msg = d.status.message.clone().unwrap();
+    assert!(
+        msg.contains(&format!("{ABORT_ANNOTATION}={OLD} refused")) && msg.contains(NEW),
+        "{msg}"
+    );
+    let (st, effects, _) = settle(&s, d.status, rolling_dep(1, true), Some(OLD), 20);
+    assert_eq!(effects, [Effect::RemoveAnnotation(ABORT_ANNOTATION)]);
+    assert_eq!(st.phase, Some(RolloutPhase::WaitingApproval));
+
+    // At rest there is nothing to abort.
+    let mut done = status(RolloutPhase::Succeeded, vec![]);
+    done.stable_revision = Some(NEW.into());
+    done.stable_template = Some(json!({"rev": NEW}));
+    let mut c = Case::new(full(), done, dep(NEW, false)).admission();
+    c.abort = Some(NEW);
+    let d = c.decide();
+    assert_eq!(phase(&d), RolloutPhase::Succeeded);
+    assert_eq!(reasons(&d), ["AbortRefused"]);
+    assert!(
+        d.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("not under way (phase Succeeded)")
+    );
+}
+
+#[test]
+fn an_approval_gate_with_a_timeout_records_its_deadline_and_wakes_for_it() {
+    let (s, waiting) = waiting_at_gate("{timeoutSeconds: 30}");
+    let gate = hook_status(&waiting, "go-live");
+    assert_eq!(gate.deadline, Some(Time(t(30))));
+    assert!(
+        waiting.message.as_deref().unwrap().contains("then aborted"),
+        "{:?}",
+        waiting.message
+    );
+    let d = Case::new(s, waiting.clone(), rolling_dep(1, true))
+        .at(20)
+        .decide();
+    assert!(quiet(&d, &waiting));
+    let requeue = d.requeue.expect("woken for the deadline").as_secs_f64();
+    assert!((10.0..=11.0).contains(&requeue), "{requeue}");
+}
+
+#[test]
+fn an_approval_gate_that_times_out_aborts_the_revision() {
+    let (s, waiting) = waiting_at_gate("{timeoutSeconds: 30, onTimeout: Abort}");
+    let d = Case::new(s.clone(), waiting, rolling_dep(1, true))
+        .at(30)
+        .decide();
+    assert_eq!(phase(&d), RolloutPhase::Failed);
+    let gate = hook(&d, "go-live");
+    assert_eq!(gate.phase, HookPhase::Failed);
+    assert_eq!(gate.reason.as_deref(), Some(APPROVAL_TIMEOUT));
+    assert_eq!(reasons(&d), ["HookFailed", "RolloutFailed"]);
+    let d = Case::new(s, d.status, rolling_dep(1, true)).at(31).decide();
+    assert_eq!(d.effects, [Effect::RestoreTemplate]);
+    assert_eq!(phase(&d), RolloutPhase::RolledBack);
+}
+
+#[test]
+fn an_approval_gate_that_times_out_with_approve_opens() {
+    let (s, waiting) = waiting_at_gate("{timeoutSeconds: 30, onTimeout: Approve}");
+    assert!(
+        waiting
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("then approved")
+    );
+    let d = Case::new(s.clone(), waiting, rolling_dep(1, true))
+        .at(31)
+        .decide();
+    let gate = hook(&d, "go-live");
+    assert_eq!(gate.phase, HookPhase::Succeeded);
+    assert_eq!(gate.reason.as_deref(), Some(APPROVAL_TIMEOUT));
+    assert_eq!(phase(&d), RolloutPhase::MidHook);
+    assert!(
+        d.status.consumed_annotations.is_empty(),
+        "no annotation used"
+    );
+    let d = Case::new(s.clone(), d.status, rolling_dep(1, true))
+        .at(32)
+        .decide();
+    assert_eq!(phase(&d), RolloutPhase::Rolling);
+    let d = Case::new(s, d.status, rolling_dep(1, true)).at(33).decide();
+    assert_eq!(d.effects, [Effect::Unpause], "the rollout goes on");
+}
+
+#[test]
+fn an_approval_before_the_deadline_wins_and_a_longer_timeout_moves_it() {
+    let (s, waiting) = waiting_at_gate("{timeoutSeconds: 30}");
+    let mut c = Case::new(s, waiting.clone(), rolling_dep(1, true)).at(29);
+    c.approve = Some(NEW);
+    let d = c.decide();
+    assert_eq!(hook(&d, "go-live").reason.as_deref(), Some(APPROVED));
+    // The timeout raised while it waits: the deadline follows the spec.
+    let longer = spec("mid: [{name: go-live, at: 1, approval: {timeoutSeconds: 90}}]");
+    let d = Case::new(longer, waiting, rolling_dep(1, true))
+        .at(40)
+        .decide();
+    assert_eq!(phase(&d), RolloutPhase::WaitingApproval);
+    assert_eq!(hook(&d, "go-live").deadline, Some(Time(t(90))));
+}
+
+#[test]
+fn status_says_desired_and_ready_replicas_like_kubectl() {
+    let mut d = rolling_dep(1, true);
+    d.ready_replicas = 3;
+    let st = Case::new(full(), status(RolloutPhase::Rolling, vec![]), d)
+        .decide()
+        .status;
+    assert_eq!(st.desired_replicas, Some(4));
+    assert_eq!(st.ready.as_deref(), Some("3/4"));
 }
 
 // ---- a new revision mid-sequence ----

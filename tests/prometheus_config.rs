@@ -1,0 +1,113 @@
+//! `config/prometheus`: every metric its alerts and its Grafana dashboard query is one the
+//! manager exports (names from `Metrics::render`), and every alert has a summary. No cluster:
+//! the files are parsed as they are shipped. (Not promtool: see docs/kubectl-plugin.md.)
+
+use ballast::metrics::Metrics;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The metric families the manager exports (`# TYPE <name> ...`), each given one series (a
+/// family without any is not rendered).
+fn exported() -> BTreeSet<String> {
+    use ballast::metrics::{HookLabels, PhaseLabels, api::ApiRequestLabels};
+    let m = Metrics::default();
+    m.count_reconcile("rollout-strategy", 0.1);
+    m.count_error("rollout-strategy", "Read");
+    m.count_write("spread-policy", "Deployment", "patched");
+    let hook = HookLabels {
+        point: "pre",
+        result: "failed",
+    };
+    m.hook_runs.get_or_create(&hook).inc();
+    m.hook_duration.get_or_create(&hook).observe(1.0);
+    m.rollout_phases
+        .get_or_create(&PhaseLabels { phase: "Failed" })
+        .inc();
+    m.api_requests
+        .get_or_create(&ApiRequestLabels {
+            verb: "get",
+            group: String::new(),
+            resource: "pods".into(),
+            code: "200".into(),
+        })
+        .inc();
+    m.set_gate(true);
+    m.set_rollout_phase("shop", "web", Some("Failed"));
+    m.set_spread_infeasible("shop", "web-ha", Some(1));
+    m.render()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `ballast_*` series an expression reads, as family names.
+fn families(expr: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut rest = expr;
+    while let Some(i) = rest.find("ballast_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name)
+            .to_string();
+        out.push(family);
+    }
+    out
+}
+
+#[test]
+fn alerts_and_dashboard_query_only_metrics_the_manager_exports() {
+    let have = exported();
+    assert!(have.contains("ballast_rollout_strategy_phase"), "{have:?}");
+    let rules: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("config/prometheus/prometheusrule.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut alerts = vec![];
+    for group in rules["spec"]["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let name = rule["alert"].as_str().unwrap().to_string();
+            let expr = rule["expr"].as_str().unwrap();
+            let used = families(expr);
+            assert!(!used.is_empty(), "{name}: {expr}");
+            for f in used {
+                assert!(have.contains(&f), "{name} reads {f}, which is not exported");
+            }
+            assert!(rule["annotations"]["summary"].as_str().is_some(), "{name}");
+            alerts.push(name);
+        }
+    }
+    assert_eq!(
+        alerts,
+        [
+            "BallastHookFailed",
+            "BallastRolloutFailed",
+            "BallastRevisionStuck",
+            "BallastSpreadPolicyInfeasible"
+        ]
+    );
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("config/prometheus/dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let panels = dash["panels"].as_array().unwrap();
+    assert!(panels.len() >= 6);
+    for p in panels {
+        for t in p["targets"].as_array().unwrap() {
+            for f in families(t["expr"].as_str().unwrap()) {
+                assert!(have.contains(&f), "panel {} reads {f}", p["title"]);
+            }
+        }
+    }
+}
