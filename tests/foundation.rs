@@ -59,18 +59,22 @@ spec:
     let header: Vec<&str> = spol.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "MATCHED", "APPLIED", "READY", "AGE"],
+        ["NAME", "MATCHED", "APPLIED", "READY", "INFEASIBLE", "AGE"],
         "{spol}"
     );
+    let wide = c.kubectl_ok(&["get", "spreadpolicies", "-n", &ns.name, "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().ends_with("MESSAGE"), "{wide}");
     let rost = c.kubectl_ok(&["get", "rolloutstrategies", "-n", &ns.name]);
     let header: Vec<&str> = rost.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
         [
-            "NAME", "TARGET", "PHASE", "HOOK", "REVISION", "UPDATED", "AGE"
+            "NAME", "TARGET", "PHASE", "HOOK", "REVISION", "DESIRED", "UPDATED", "READY", "AGE"
         ],
         "{rost}"
     );
+    let wide = c.kubectl_ok(&["get", "rolloutstrategies", "-n", &ns.name, "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().ends_with("MESSAGE"), "{wide}");
     assert!(rost.contains("web"), "{rost}");
     // Short names and the category work too.
     c.kubectl_ok(&["get", "spol,rost", "-n", &ns.name]);
