@@ -80,11 +80,11 @@ installer: ## Write dist/install.yaml: config/default in one file, the image pin
 
 .PHONY: helm-build
 helm-build: ## Build helm (v4, from its Go module; cached in ~/.cache/ballast)
-	hack/build-helm.sh >/dev/null
+	hack/build-tool.sh helm >/dev/null
 
 .PHONY: helm-lint
 helm-lint: helm-build ## helm lint charts/ballast
-	"$$(hack/build-helm.sh 2>/dev/null)" lint charts/ballast
+	"$$(hack/build-tool.sh helm 2>/dev/null)" lint charts/ballast
 
 ##@ Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)
 

@@ -27,7 +27,8 @@ fi
 hack/build-cluster.sh
 # tests/install.rs renders and installs the Helm chart with the real helm (v4, built once and
 # cached like the control plane).
-hack/build-helm.sh >/dev/null
+hack/build-tool.sh helm >/dev/null
+hack/build-tool.sh promtool >/dev/null
 
 started=false
 if ! hack/cluster-up.sh --check 2>/dev/null; then

@@ -8,7 +8,7 @@
 //! test runs on a cluster of its own (`target/install-cluster`, ports of its own; overrides
 //! `BALLAST_INSTALL_CLUSTER_DIR` and `BALLAST_INSTALL_{APISERVER,ETCD,ETCD_PEER,KCM,SCHEDULER,KWOK}_PORT`),
 //! which hack/test.sh runs in a phase of its own. The render comparison needs no cluster. Both
-//! need helm (hack/build-helm.sh) and fail, never skip, without it.
+//! need helm (hack/build-tool.sh helm) and fail, never skip, without it.
 
 mod support;
 
@@ -43,16 +43,7 @@ const CLUSTER_SCOPED_ADMISSION: [&str; 4] = [
 const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
 fn helm() -> PathBuf {
-    let out = Command::new(repo_root().join("hack/build-helm.sh"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("running hack/build-helm.sh");
-    assert!(
-        out.status.success(),
-        "helm could not be built (hack/build-helm.sh, `make helm-build`):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    support::go_tool("helm")
 }
 
 fn kubectl_bin() -> PathBuf {

@@ -1,10 +1,16 @@
 //! `config/prometheus`: every metric its alerts and its Grafana dashboard query is one the
-//! manager exports (names from `Metrics::render`), and every alert has a summary. No cluster:
-//! the files are parsed as they are shipped. (Not promtool: see docs/kubectl-plugin.md.)
+//! manager exports (names from `Metrics::render`), and every alert has a summary; and the alert
+//! rules pass the real `promtool` (built from its Go module by hack/build-tool.sh): `check
+//! rules`, and `test rules` with the unit tests in tests/fixtures/prometheus (each alert fires
+//! when it should, with its labels and rendered annotations, and not before or after). No
+//! cluster: the files are read as they are shipped.
+
+mod support;
 
 use ballast::metrics::Metrics;
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::process::Command;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -109,5 +115,44 @@ fn alerts_and_dashboard_query_only_metrics_the_manager_exports() {
                 assert!(have.contains(&f), "panel {} reads {f}", p["title"]);
             }
         }
+    }
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_their_unit_tests() {
+    let promtool = support::go_tool("promtool");
+    let rule: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("config/prometheus/prometheusrule.yaml")).unwrap(),
+    )
+    .unwrap();
+    // A PrometheusRule's spec is a Prometheus rule file.
+    let dir = root().join("target/promtool");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("rules.yaml"),
+        serde_yaml::to_string(&rule["spec"]).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(
+        root().join("tests/fixtures/prometheus/alerts_test.yaml"),
+        dir.join("alerts_test.yaml"),
+    )
+    .unwrap();
+    for args in [
+        ["check", "rules", "rules.yaml"],
+        ["test", "rules", "alerts_test.yaml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -28,6 +28,22 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A Go tool the tests run (`helm`, `promtool`), built from its Go module and cached by version
+/// by hack/build-tool.sh. Panics (the test fails, never skips) when it cannot be built.
+pub fn go_tool(name: &str) -> PathBuf {
+    let out = Command::new(repo_root().join("hack/build-tool.sh"))
+        .arg(name)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running hack/build-tool.sh");
+    assert!(
+        out.status.success(),
+        "{name} could not be built (hack/build-tool.sh {name}):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
 fn state_dir() -> PathBuf {
     std::env::var_os("BALLAST_CLUSTER_DIR")
         .map(PathBuf::from)
