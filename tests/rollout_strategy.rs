@@ -720,8 +720,16 @@ async fn sigkill_at_every_step_resumes_without_duplicates_or_skips() {
         restarts += 1;
         env.restart(restarts);
         if phase == RolloutPhase::PreHook {
-            // Once more while the rollout progresses.
-            env.wait_phase("web", RolloutPhase::Rolling, None, 30).await;
+            // Once more while the rollout progresses towards the mid point. The pods are ready
+            // at once on kwok, so that can be over before a look sees it: then the restart
+            // lands while the mid hook runs, a crash point as good (the next step kills there
+            // again). Never once the mid hook is done: then there would be nothing left to kill.
+            env.wait_status("web", "rolling towards smoke", 30, |s| {
+                (s.phase == Some(RolloutPhase::Rolling)
+                    && !s.hooks.iter().any(|h| h.name == "smoke"))
+                    || (s.phase == Some(RolloutPhase::MidHook) && running(s, "smoke"))
+            })
+            .await;
             restarts += 1;
             env.restart(restarts);
         }
