@@ -181,6 +181,8 @@ async fn converged_strategies_make_no_api_requests() {
     let n = count();
     let started = Instant::now();
     let c = cluster().await;
+    // The CRDs and the revision gate, also when this test runs alone on a new cluster.
+    c.install();
     let ns = TestNamespace::new(&c, "rost-steady").await;
     let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), &ns.name);
     let strategies: Api<RolloutStrategy> = Api::namespaced(c.client.clone(), &ns.name);
