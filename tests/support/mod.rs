@@ -10,6 +10,7 @@
 pub mod faults;
 pub mod proxy;
 pub mod rollout;
+pub mod spread;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{

@@ -6,13 +6,14 @@
 //! - read: reflector caches of workloads and nodes (`run`), stripped to what
 //!   decisions need, woken only by changes a decision reads ([`read`]);
 //! - decide: [`plan`] (with [`terms`], [`merge`], [`select`],
-//!   [`feasibility`]) — pure;
+//!   [`feasibility`], [`placement`]) — pure;
 //! - write: [`write`] — server-side apply, the only place workloads change;
 //! - status: [`status`] — conditions, counts, Events on transitions.
 
 pub mod error;
 pub mod feasibility;
 pub mod merge;
+pub mod placement;
 pub mod plan;
 pub mod read;
 pub mod select;

@@ -3,8 +3,9 @@
 //! everything status will say. Pure: no API calls, so this is where most of
 //! the controller's tests live.
 
-use super::feasibility::{NodeInfo, assess, count_domains, topology_keys};
+use super::feasibility::{NodeInfo, count_domains, topology_keys};
 use super::merge::{Merged, merge};
+use super::placement::assess;
 use super::select::{selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
 use super::workload::{Rollout, Workload};
@@ -230,10 +231,11 @@ pub fn plan(inp: &Inputs) -> Plan {
         };
 
         if is_winner {
-            let f = assess(&policy.spec, w, inp.nodes);
-            out.shortfalls
-                .extend(f.shortfalls.iter().map(|s| s.message(&w.name)));
-            out.pending += i64::from(f.shortfalls.iter().map(|s| s.pending).max().unwrap_or(0));
+            let f = assess(&policy.spec, w, inp.nodes, &[]);
+            if let Some(short) = &f.shortfall {
+                out.shortfalls.push(short.message(&w.name));
+                out.pending += i64::from(short.pending);
+            }
             for warning in f.warnings {
                 if warned.insert(warning.clone()) {
                     out.warnings.push(warning);
