@@ -6,6 +6,7 @@
 
 pub mod common;
 pub mod rollout_strategy;
+pub mod spread_distribution;
 pub mod spread_policy;
 
 pub use common::{GROUP, VERSION};

@@ -12,6 +12,7 @@ use super::common::{
     LABEL_KEY_MAX_LENGTH, LABEL_KEY_PATTERN, conditions_schema, label_selector_schema,
     unwrap_descriptions,
 };
+use super::spread_distribution::SpreadDistribution;
 
 /// Most per-workload entries kept in `status.workloads`.
 pub const MAX_WORKLOAD_STATUSES: usize = 50;
@@ -330,8 +331,8 @@ pub struct SpreadPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready`, `Progressing`, `Conflicted` and `Infeasible`. `lastTransitionTime` moves only
-    /// when a condition's status changes.
+    /// `Ready`, `Progressing`, `Conflicted`, `Infeasible` and `Skewed`. `lastTransitionTime`
+    /// moves only when a condition's status changes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -352,6 +353,12 @@ pub struct SpreadPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub workloads: Vec<WorkloadStatus>,
+
+    /// Where the governed workloads' pods run: pods per domain at each level of the policy,
+    /// the skew, and Pending pods with the scheduler's reasons. Updated at most every few
+    /// seconds while pods come and go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<SpreadDistribution>,
 }
 
 /// Domain counts for one topology key.

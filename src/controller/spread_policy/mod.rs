@@ -4,20 +4,28 @@
 //!
 //! Steps, one module each:
 //! - read: reflector caches of workloads and nodes (`run`), stripped to what
-//!   decisions need, woken only by changes a decision reads ([`read`]);
+//!   decisions need, woken only by changes a decision reads ([`read`]); the
+//!   pods of workloads, filed by workload ([`pods`]);
 //! - decide: [`plan`] (with [`terms`], [`merge`], [`select`],
-//!   [`feasibility`], [`placement`]) — pure;
-//! - write: [`write`] — server-side apply, the only place workloads change;
+//!   [`feasibility`], [`placement`], [`distribution`]) — pure;
+//! - write: [`write`] (the bodies) and `perform` (sending them) — the only
+//!   place workloads change;
 //! - status: [`status`] — conditions, counts, Events on transitions.
+//!
+//! `sync` is one reconcile, those steps in order.
 
+pub mod distribution;
 pub mod error;
 pub mod feasibility;
 pub mod merge;
+mod perform;
 pub mod placement;
 pub mod plan;
+pub mod pods;
 pub mod read;
 pub mod select;
 pub mod status;
+mod sync;
 pub mod terms;
 pub mod tracker;
 pub mod workload;
@@ -27,36 +35,30 @@ use super::{
     Context, ShutdownSignal,
     reconcile::{Outcomes, key},
 };
-use crate::api::spread_policy::{
-    DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec, WorkloadKind,
-};
-use crate::k8s::lenient::{Invalid, Lenient};
-use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
+use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use crate::k8s::SPREAD_POLICY_MANAGER;
+use crate::k8s::lenient::Lenient;
 use error::Error;
-use feasibility::NodeInfo;
-use futures::{StreamExt, stream::FuturesUnordered};
+use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
     core::v1::Node,
 };
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        events::{Event, EventType, Reporter},
+        events::Reporter,
         reflector::{self, ObjectRef, Store},
     },
 };
-use plan::{ANNOTATION_POLICY, Inputs};
-use read::{Cached, Relevant, node_fingerprint, strip_meta};
-use serde::Deserialize;
+use plan::ANNOTATION_POLICY;
+use pods::{Changed, PodIndex, WatchedPod};
+use read::{Cached, Relevant, coalesce, node_fingerprint, strip_meta};
 use std::{
     collections::HashMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 use tracker::Tracker;
@@ -75,6 +77,10 @@ pub const WRITE_CONCURRENCY: usize = 8;
 /// How soon a reconcile that met a 429 (after kube's own retries) tries again when the API
 /// server named no time.
 const THROTTLE_RETRY: Duration = Duration::from_secs(1);
+/// How long pod changes are gathered before they wake the policies of their workloads: a
+/// rollout or a scale moves many pods within a second, and each policy is planned once for
+/// all of them.
+pub const POD_COALESCE: Duration = Duration::from_secs(1);
 
 /// What every reconcile of this controller shares.
 pub struct State {
@@ -85,6 +91,10 @@ pub struct State {
     deployments: Store<Cached<Deployment>>,
     stateful_sets: Store<Cached<StatefulSet>>,
     nodes: Store<Node>,
+    /// The pods of the workloads, by workload.
+    pods: Arc<PodIndex>,
+    /// Holds status writes that only move pod counts to one every few seconds.
+    pacer: status::Pacer,
     recorder: super::events::Publisher,
     /// Our template writes and the rollouts under way (see [`tracker`]);
     /// shared with the workload watches' mappers.
@@ -117,6 +127,58 @@ fn policies_for(
         })
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
+}
+
+/// The workload `(ns, kind, name)` as cached.
+fn cached_workload(
+    deployments: &Store<Cached<Deployment>>,
+    stateful_sets: &Store<Cached<StatefulSet>>,
+    (ns, kind, name): &pods::WorkloadRef,
+) -> Option<Workload> {
+    match kind {
+        WorkloadKind::Deployment => deployments
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|d| d.workload.clone()),
+        WorkloadKind::StatefulSet => stateful_sets
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|s| s.workload.clone()),
+    }
+}
+
+/// The workloads, and their policies, that the store of each kind holds.
+struct Stores {
+    policies: Policies,
+    deployments: Store<Cached<Deployment>>,
+    stateful_sets: Store<Cached<StatefulSet>>,
+    tracker: Arc<Mutex<Tracker>>,
+}
+
+impl Stores {
+    /// The policies to wake when the pods of `changed` workloads changed.
+    fn policies_for_pods(&self, changed: Changed) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
+        let refs = match changed {
+            Changed::All => {
+                return self
+                    .policies
+                    .state()
+                    .iter()
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect();
+            }
+            Changed::Some(refs) => refs,
+        };
+        let mut out = Vec::new();
+        for r in &refs {
+            if let Some(w) = cached_workload(&self.deployments, &self.stateful_sets, r) {
+                for p in policies_for(&self.policies, &self.tracker, &w) {
+                    if !out.contains(&p) {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
@@ -193,6 +255,26 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     .touched_objects();
     let controller = Controller::for_stream(policy_stream, policies.clone());
     let tracker = Arc::new(Mutex::new(Tracker::default()));
+
+    // Pods, filed by workload as they come; a change wakes the policies of its workload,
+    // gathered over POD_COALESCE.
+    let pods = Arc::new(PodIndex::default());
+    let stores = Stores {
+        policies: policies.clone(),
+        deployments: deployments.clone(),
+        stateful_sets: stateful_sets.clone(),
+        tracker: tracker.clone(),
+    };
+    let index = pods.clone();
+    let pod_stream = super::watch(
+        ctx.scoped_api::<WatchedPod>(),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/pods",
+    )
+    .filter_map(move |ev| futures::future::ready(ev.ok().map(|ev| index.apply(ev))))
+    .flat_map(move |changed| futures::stream::iter(stores.policies_for_pods(changed)));
+    let pod_triggers = coalesce(pod_stream, POD_COALESCE);
     let (t1, t2) = (tracker.clone(), tracker.clone());
     let reporter = Reporter {
         controller: SPREAD_POLICY_MANAGER.into(),
@@ -207,6 +289,8 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         deployments,
         stateful_sets,
         nodes,
+        pods,
+        pacer: status::Pacer::default(),
         tracker: tracker.clone(),
     });
     let (p1, p2, p3, p4) = (
@@ -233,6 +317,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(pod_triggers)
         .with_config(kube::runtime::controller::Config::default().concurrency(4))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, state)
@@ -248,13 +333,14 @@ async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Ac
                 let _ = st.deployments.wait_until_ready().await;
                 let _ = st.stateful_sets.wait_until_ready().await;
                 let _ = st.nodes.wait_until_ready().await;
+                st.pods.wait_until_ready().await;
             };
             if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
                 return Err(Error::CacheNotReady);
             }
             match obj.as_ref() {
-                Lenient::Ok(policy) => sync(&obj, policy, true, &st).await,
-                Lenient::Invalid(inv) => sync_invalid(&obj, inv, &st).await,
+                Lenient::Ok(policy) => sync::sync(&obj, policy, true, &st).await,
+                Lenient::Invalid(inv) => sync::sync_invalid(&obj, inv, &st).await,
             }
         })
         .await
@@ -262,349 +348,4 @@ async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Ac
 
 fn error_policy(obj: Arc<Lenient<SpreadPolicy>>, err: &Error, st: Arc<State>) -> Action {
     st.outcomes.on_error(&key(obj.as_ref()), err)
-}
-
-async fn set_finalizers(
-    st: &State,
-    obj: &Lenient<SpreadPolicy>,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let api: Api<Lenient<SpreadPolicy>> =
-        Api::namespaced(st.ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    finalizer::set(&api, obj, finalizers)
-        .await
-        .map_err(|e| match e {
-            finalizer::Error::Stale => Error::Stale,
-            finalizer::Error::Api(e) => Error::Finalizer(e),
-        })
-}
-
-/// A stored policy this version cannot read. It is reported on itself and
-/// otherwise left alone (what it wrote stays, as with `suspend`), except that
-/// its deletion still takes its terms out of the workloads that carry them,
-/// so the deletion finishes. Only `deletionPolicy` and `rollout` are read from
-/// it for that, each when it decodes (else the defaults: Remove, 1 at a time).
-async fn sync_invalid(
-    obj: &Lenient<SpreadPolicy>,
-    inv: &Invalid,
-    st: &State,
-) -> Result<Action, Error> {
-    if obj.meta().deletion_timestamp.is_some() {
-        let spec = inv.raw.get("spec");
-        let field = |name: &str| spec.and_then(|s| s.get(name));
-        let stand_in = SpreadPolicy {
-            metadata: inv.metadata.clone(),
-            spec: SpreadPolicySpec {
-                deletion_policy: field("deletionPolicy")
-                    .and_then(|v| DeletionPolicy::deserialize(v).ok())
-                    .unwrap_or_default(),
-                rollout: field("rollout")
-                    .and_then(|v| RolloutPacing::deserialize(v).ok())
-                    .unwrap_or_default(),
-                ..Default::default()
-            },
-            status: None,
-        };
-        return sync(obj, &stand_in, false, st).await;
-    }
-    super::report_invalid::<Lenient<SpreadPolicy>>(
-        &st.ctx.client,
-        &st.recorder,
-        SPREAD_POLICY_MANAGER,
-        inv,
-    )
-    .await
-    .map_err(Error::ReportInvalid)?;
-    Ok(Action::await_change())
-}
-
-/// The cached Deployments and StatefulSets of `ns`.
-fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
-    st.deployments
-        .state()
-        .iter()
-        .filter(|d| d.namespace().as_deref() == Some(ns))
-        .map(|d| d.workload.clone())
-        .chain(
-            st.stateful_sets
-                .state()
-                .iter()
-                .filter(|s| s.namespace().as_deref() == Some(ns))
-                .map(|s| s.workload.clone()),
-        )
-        .collect()
-}
-
-/// Reconciles `policy` (the object `obj` as read, or a stand-in for one that
-/// cannot be read, whose status is then not written).
-async fn sync(
-    obj: &Lenient<SpreadPolicy>,
-    policy: &SpreadPolicy,
-    readable: bool,
-    st: &State,
-) -> Result<Action, Error> {
-    let ns = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
-    let deleting = policy.metadata.deletion_timestamp.is_some();
-    let has_finalizer = policy.finalizers().iter().any(|f| f == FINALIZER);
-    if deleting && !has_finalizer {
-        return Ok(Action::await_change());
-    }
-    if !deleting && !has_finalizer {
-        let mut f = policy.finalizers().to_vec();
-        f.push(FINALIZER.into());
-        set_finalizers(st, obj, f).await?;
-        // The update wakes us again with the finalizer in place.
-        return Ok(Action::await_change());
-    }
-
-    let mut workloads = workloads_in(st, &ns);
-    let seen = st.tracker.lock().expect("not poisoned").observe(
-        &ns,
-        &mut workloads,
-        jiff::Timestamp::now(),
-    );
-    let mut policies: Vec<Arc<SpreadPolicy>> = st
-        .policies
-        .state()
-        .iter()
-        .filter_map(|p| p.ok())
-        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() != name)
-        .map(|p| Arc::new(p.clone()))
-        .collect();
-    policies.push(Arc::new(policy.clone()));
-    let nodes: Vec<NodeInfo> = st
-        .nodes
-        .state()
-        .iter()
-        .map(|n| NodeInfo::from_node(n))
-        .collect();
-
-    let plan = plan::plan(&Inputs {
-        policy,
-        policies: &policies,
-        workloads: &workloads,
-        nodes: &nodes,
-        unobserved_writes: &seen.unobserved,
-    });
-    let outcome = perform(st, policy, &plan, &workloads).await;
-    if !deleting {
-        st.ctx
-            .metrics
-            .set_spread_infeasible(&ns, &name, Some(plan.pending));
-    }
-
-    if readable {
-        let new_status = status::build(policy, &plan, &outcome.rejected, jiff::Timestamp::now());
-        let old_conditions = policy
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        if policy.status.as_ref() != Some(&new_status) {
-            let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
-            apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
-                .await
-                .map_err(Error::Status)?;
-            for (warning, reason, note) in
-                status::events_for(&old_conditions, &new_status.conditions)
-            {
-                publish(st, policy, warning, reason, note).await;
-            }
-        }
-    }
-    if let Some(e) = outcome.transient {
-        return Err(e);
-    }
-
-    if deleting && plan.released {
-        let f: Vec<String> = policy
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(st, obj, f).await?;
-        st.ctx.metrics.set_spread_infeasible(&ns, &name, None);
-        tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
-        return Ok(Action::await_change());
-    }
-    if let Some(delay) = outcome.throttled {
-        return Ok(Action::requeue(delay));
-    }
-    if outcome.retry_soon {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    // A rollout that stops progressing holds up pacing only until its bound:
-    // nothing else would wake us then.
-    if let Some(bound) = seen.next_bound.filter(|_| plan.waiting > 0) {
-        return Ok(Action::requeue(bound + Duration::from_secs(1)));
-    }
-    // Everything else wakes us through the watches: workload changes (also
-    // rollouts finishing, which frees pacing budget), node changes, policy
-    // changes.
-    Ok(Action::await_change())
-}
-
-/// What the writes of one reconcile came to.
-#[derive(Default)]
-struct Performed {
-    /// `(workload, message)` of writes the API server refused.
-    rejected: Vec<(String, String)>,
-    /// A write met a newer workload than the cache had: merge again soon.
-    retry_soon: bool,
-    /// The API server throttled us (429 after kube's own retries): the writes not made yet
-    /// wait this long, and nothing has failed.
-    throttled: Option<Duration>,
-    transient: Option<Error>,
-}
-
-/// Sends one write, unless a 429 has been met meanwhile (then `None`: not sent).
-async fn write_one<'a>(
-    st: &State,
-    ns: &str,
-    policy: &str,
-    throttled: &AtomicBool,
-    w: &'a plan::Write,
-    live: &Workload,
-) -> (&'a plan::Write, Option<kube::Result<write::Outcome>>) {
-    if throttled.load(Ordering::Relaxed) {
-        return (w, None);
-    }
-    let body = write::body(w, ns, live);
-    tracing::debug!(policy, workload = %w_display(w.kind, &w.name), generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
-    let result = write::write_workload(&st.ctx.client, ns, w.kind, &w.name, &body).await;
-    if matches!(&result, Err(kube::Error::Api(s)) if s.code == 429) {
-        throttled.store(true, Ordering::Relaxed);
-    }
-    (w, Some(result))
-}
-
-/// Makes the plan's writes, at most [`WRITE_CONCURRENCY`] at once, remembering the template
-/// changes for pacing. Each write costs O(1) here whatever the number of workloads: the live
-/// workloads are looked up by key, and one Event per outcome sums up the whole batch.
-async fn perform(
-    st: &State,
-    policy: &SpreadPolicy,
-    plan: &plan::Plan,
-    workloads: &[Workload],
-) -> Performed {
-    let ns = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
-    let live: HashMap<(WorkloadKind, &str), &Workload> = workloads
-        .iter()
-        .map(|w| ((w.kind, w.name.as_str()), w))
-        .collect();
-    // Set by a 429: the writes not started yet wait for the next reconcile.
-    let throttled = AtomicBool::new(false);
-    let mut jobs = plan
-        .writes
-        .iter()
-        .filter_map(|w| live.get(&(w.kind, w.name.as_str())).map(|l| (w, *l)));
-    // A bounded window of writes in flight (a loop rather than a stream combinator, whose
-    // closures over borrowed writes the compiler cannot prove Send for every lifetime).
-    let mut running = FuturesUnordered::new();
-    for (w, l) in jobs.by_ref().take(WRITE_CONCURRENCY) {
-        running.push(write_one(st, &ns, &name, &throttled, w, l));
-    }
-
-    let mut out = Performed::default();
-    let (mut applied, mut removed) = (Vec::new(), Vec::new());
-    while let Some((w, result)) = running.next().await {
-        if let Some((w, l)) = jobs.next() {
-            running.push(write_one(st, &ns, &name, &throttled, w, l));
-        }
-        let Some(result) = result else { continue };
-        let target = w_display(w.kind, &w.name);
-        let kind = format!("{:?}", w.kind);
-        match result {
-            Ok(done) => {
-                let outcome = if w.is_removal() { "removed" } else { "applied" };
-                st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
-                tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.merged.template_changed, "wrote workload");
-                if let (Some(g), true) = (done.generation, w.merged.template_changed) {
-                    st.tracker.lock().expect("not poisoned").wrote(
-                        (ns.clone(), w.kind, w.name.clone()),
-                        &name,
-                        done.uid,
-                        g,
-                    );
-                }
-                if w.is_removal() {
-                    removed.push(target);
-                } else {
-                    applied.push((target, w.merged.ours.len()));
-                }
-            }
-            // Deleted since the cache read: nothing to take out or put in.
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "gone");
-                out.retry_soon = true;
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // The workload changed since the cache read: merge again.
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "conflict");
-                out.retry_soon = true;
-            }
-            // Throttled beyond kube's own retries: back off, and fail nothing.
-            Err(kube::Error::Api(s)) if s.code == 429 => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "throttled");
-                let delay = write::throttle_delay(&s, THROTTLE_RETRY);
-                out.throttled = Some(out.throttled.map_or(delay, |d| d.max(delay)));
-                tracing::debug!(policy = %name, namespace = %ns, workload = %target, ?delay, "workload write throttled");
-            }
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "rejected");
-                tracing::warn!(policy = %name, namespace = %ns, workload = %target, error = %s.message, "workload write rejected");
-                out.rejected.push((target, s.message.clone()));
-            }
-            Err(e) => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "error");
-                out.transient = Some(Error::Write {
-                    workload: target,
-                    source: e,
-                });
-            }
-        }
-    }
-    if let [(_, terms)] = applied.as_slice() {
-        let single = format!("{terms} term(s) of this policy in the pod template");
-        let targets = [applied[0].0.clone()];
-        let note = status::written_note(&targets, &single, "");
-        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
-    } else if !applied.is_empty() {
-        let targets: Vec<String> = applied.into_iter().map(|(t, _)| t).collect();
-        let note = status::written_note(&targets, "", "now carry this policy's terms");
-        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
-    }
-    if !removed.is_empty() {
-        let note = status::written_note(
-            &removed,
-            "removed this policy's terms",
-            "had this policy's terms removed",
-        );
-        publish(st, policy, false, status::reason::TERMS_REMOVED, note).await;
-    }
-    out
-}
-
-fn w_display(kind: WorkloadKind, name: &str) -> String {
-    format!("{kind:?}/{name}")
-}
-
-async fn publish(st: &State, policy: &SpreadPolicy, warning: bool, reason: &str, note: String) {
-    let ev = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = st.recorder.publish(&ev, &policy.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "could not publish event");
-    }
 }

@@ -3,18 +3,24 @@
 //! everything status will say. Pure: no API calls, so this is where most of
 //! the controller's tests live.
 
+use super::distribution::{self, Nodes};
 use super::feasibility::{NodeInfo, count_domains, topology_keys};
 use super::merge::{Merged, merge};
 use super::placement::assess;
+use super::pods::PodView;
 use super::select::{selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
 use super::workload::{Rollout, Workload};
+use crate::api::spread_distribution::SpreadDistribution;
 use crate::api::spread_policy::{
     DeletionPolicy, MAX_WORKLOAD_STATUSES, SpreadPolicy, TopologyDomains, WorkloadKind,
     WorkloadStatus,
 };
 use kube::ResourceExt;
 use std::collections::BTreeSet;
+use std::sync::Arc;
+
+pub use super::pods::PodSnapshot;
 
 /// Names the policy whose terms a workload carries (on the workload's metadata).
 pub const ANNOTATION_POLICY: &str = "ballast.dev/spread-policy";
@@ -97,6 +103,10 @@ pub struct Plan {
     pub invalid: Option<String>,
     /// While deleting: no workload carries this policy's terms any more.
     pub released: bool,
+    /// Where the governed workloads' pods run.
+    pub distribution: SpreadDistribution,
+    /// One message per skewed workload (see [`distribution::skew_message`]).
+    pub skewed: Vec<String>,
 }
 
 /// What the plan needs to know.
@@ -107,6 +117,8 @@ pub struct Inputs<'a> {
     /// Deployments and StatefulSets in the policy's namespace.
     pub workloads: &'a [Workload],
     pub nodes: &'a [NodeInfo],
+    /// The pods of those workloads.
+    pub pods: &'a PodSnapshot,
     /// Workloads whose last write by us the cache has not caught up with.
     pub unobserved_writes: &'a BTreeSet<(WorkloadKind, String)>,
 }
@@ -169,6 +181,9 @@ pub fn plan(inp: &Inputs) -> Plan {
     workloads.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
     let mut statuses = Vec::new();
     let mut warned = BTreeSet::new();
+    let nodes: Nodes = inp.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut spread = Vec::new();
+    let no_pods: Arc<[PodView]> = Arc::new([]);
 
     for w in workloads.into_iter().filter(|w| !w.deleting) {
         let selected = !deleting && selects(policy, w);
@@ -231,7 +246,10 @@ pub fn plan(inp: &Inputs) -> Plan {
         };
 
         if is_winner {
-            let f = assess(&policy.spec, w, inp.nodes, &[]);
+            let pods = inp.pods.get(&(w.kind, w.name.clone())).unwrap_or(&no_pods);
+            let placed = distribution::placed(w, pods, &nodes);
+            let f = assess(&policy.spec, w, inp.nodes, &placed);
+            spread.push(distribution::of(&policy.spec, w, pods, inp.nodes, &nodes));
             if let Some(short) = &f.shortfall {
                 out.shortfalls.push(short.message(&w.name));
                 out.pending += i64::from(short.pending);
@@ -319,6 +337,12 @@ pub fn plan(inp: &Inputs) -> Plan {
         });
     }
 
+    out.skewed = spread
+        .iter()
+        .filter(|(d, _)| d.skewed)
+        .map(|(d, _)| distribution::skew_message(d))
+        .collect();
+    out.distribution = distribution::summarise(spread);
     out.released = !inp.workloads.iter().any(ours)
         || (policy.spec.deletion_policy == DeletionPolicy::Orphan && deleting);
     // Problems first, then by kind and name; bounded.
@@ -389,6 +413,7 @@ mod tests {
             policies: &[Arc::new(p.clone())],
             workloads: ws,
             nodes: &[],
+            pods: &PodSnapshot::new(),
             unobserved_writes: &BTreeSet::new(),
         })
     }
@@ -415,6 +440,7 @@ mod tests {
             policies: &[Arc::new(p.clone())],
             workloads: &[web("a"), big, small],
             nodes: &nodes,
+            pods: &PodSnapshot::new(),
             unobserved_writes: &BTreeSet::new(),
         });
         assert_eq!(out.shortfalls.len(), 2, "{:?}", out.shortfalls);

@@ -1,0 +1,188 @@
+//! Act: sends a plan's writes to the workloads (at most [`WRITE_CONCURRENCY`] at once),
+//! maps each HTTP outcome to what the reconcile does next, remembers template changes for
+//! pacing, and publishes one Event per outcome for the whole batch.
+
+use super::workload::Workload;
+use super::{
+    CONTROLLER, State, THROTTLE_RETRY, WRITE_CONCURRENCY, error::Error, plan, status, write,
+};
+use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use futures::{StreamExt, stream::FuturesUnordered};
+use kube::{
+    Resource, ResourceExt,
+    runtime::events::{Event, EventType},
+};
+use std::{
+    collections::HashMap,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+/// What the writes of one reconcile came to.
+#[derive(Default)]
+pub(super) struct Performed {
+    /// `(workload, message)` of writes the API server refused.
+    pub rejected: Vec<(String, String)>,
+    /// A write met a newer workload than the cache had: merge again soon.
+    pub retry_soon: bool,
+    /// The API server throttled us (429 after kube's own retries): the writes not made yet
+    /// wait this long, and nothing has failed.
+    pub throttled: Option<Duration>,
+    pub transient: Option<Error>,
+}
+
+/// Sends one write, unless a 429 has been met meanwhile (then `None`: not sent).
+async fn write_one<'a>(
+    st: &State,
+    ns: &str,
+    policy: &str,
+    throttled: &AtomicBool,
+    w: &'a plan::Write,
+    live: &Workload,
+) -> (&'a plan::Write, Option<kube::Result<write::Outcome>>) {
+    if throttled.load(Ordering::Relaxed) {
+        return (w, None);
+    }
+    let body = write::body(w, ns, live);
+    tracing::debug!(policy, workload = %w_display(w.kind, &w.name), generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
+    let result = write::write_workload(&st.ctx.client, ns, w.kind, &w.name, &body).await;
+    if matches!(&result, Err(kube::Error::Api(s)) if s.code == 429) {
+        throttled.store(true, Ordering::Relaxed);
+    }
+    (w, Some(result))
+}
+
+/// Makes the plan's writes, at most [`WRITE_CONCURRENCY`] at once, remembering the template
+/// changes for pacing. Each write costs O(1) here whatever the number of workloads: the live
+/// workloads are looked up by key, and one Event per outcome sums up the whole batch.
+pub(super) async fn perform(
+    st: &State,
+    policy: &SpreadPolicy,
+    plan: &plan::Plan,
+    workloads: &[Workload],
+) -> Performed {
+    let ns = policy.namespace().unwrap_or_default();
+    let name = policy.name_any();
+    let live: HashMap<(WorkloadKind, &str), &Workload> = workloads
+        .iter()
+        .map(|w| ((w.kind, w.name.as_str()), w))
+        .collect();
+    // Set by a 429: the writes not started yet wait for the next reconcile.
+    let throttled = AtomicBool::new(false);
+    let mut jobs = plan
+        .writes
+        .iter()
+        .filter_map(|w| live.get(&(w.kind, w.name.as_str())).map(|l| (w, *l)));
+    // A bounded window of writes in flight (a loop rather than a stream combinator, whose
+    // closures over borrowed writes the compiler cannot prove Send for every lifetime).
+    let mut running = FuturesUnordered::new();
+    for (w, l) in jobs.by_ref().take(WRITE_CONCURRENCY) {
+        running.push(write_one(st, &ns, &name, &throttled, w, l));
+    }
+
+    let mut out = Performed::default();
+    let (mut applied, mut removed) = (Vec::new(), Vec::new());
+    while let Some((w, result)) = running.next().await {
+        if let Some((w, l)) = jobs.next() {
+            running.push(write_one(st, &ns, &name, &throttled, w, l));
+        }
+        let Some(result) = result else { continue };
+        let target = w_display(w.kind, &w.name);
+        let kind = format!("{:?}", w.kind);
+        match result {
+            Ok(done) => {
+                let outcome = if w.is_removal() { "removed" } else { "applied" };
+                st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
+                tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.merged.template_changed, "wrote workload");
+                if let (Some(g), true) = (done.generation, w.merged.template_changed) {
+                    st.tracker.lock().expect("not poisoned").wrote(
+                        (ns.clone(), w.kind, w.name.clone()),
+                        &name,
+                        done.uid,
+                        g,
+                    );
+                }
+                if w.is_removal() {
+                    removed.push(target);
+                } else {
+                    applied.push((target, w.merged.ours.len()));
+                }
+            }
+            // Deleted since the cache read: nothing to take out or put in.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "gone");
+                out.retry_soon = true;
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // The workload changed since the cache read: merge again.
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "conflict");
+                out.retry_soon = true;
+            }
+            // Throttled beyond kube's own retries: back off, and fail nothing.
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "throttled");
+                let delay = write::throttle_delay(&s, THROTTLE_RETRY);
+                out.throttled = Some(out.throttled.map_or(delay, |d| d.max(delay)));
+                tracing::debug!(policy = %name, namespace = %ns, workload = %target, ?delay, "workload write throttled");
+            }
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "rejected");
+                tracing::warn!(policy = %name, namespace = %ns, workload = %target, error = %s.message, "workload write rejected");
+                out.rejected.push((target, s.message.clone()));
+            }
+            Err(e) => {
+                st.ctx.metrics.count_write(CONTROLLER, &kind, "error");
+                out.transient = Some(Error::Write {
+                    workload: target,
+                    source: e,
+                });
+            }
+        }
+    }
+    if let [(_, terms)] = applied.as_slice() {
+        let single = format!("{terms} term(s) of this policy in the pod template");
+        let targets = [applied[0].0.clone()];
+        let note = status::written_note(&targets, &single, "");
+        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
+    } else if !applied.is_empty() {
+        let targets: Vec<String> = applied.into_iter().map(|(t, _)| t).collect();
+        let note = status::written_note(&targets, "", "now carry this policy's terms");
+        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
+    }
+    if !removed.is_empty() {
+        let note = status::written_note(
+            &removed,
+            "removed this policy's terms",
+            "had this policy's terms removed",
+        );
+        publish(st, policy, false, status::reason::TERMS_REMOVED, note).await;
+    }
+    out
+}
+
+pub(super) fn w_display(kind: WorkloadKind, name: &str) -> String {
+    format!("{kind:?}/{name}")
+}
+
+pub(super) async fn publish(
+    st: &State,
+    policy: &SpreadPolicy,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = st.recorder.publish(&ev, &policy.object_ref(&())).await {
+        tracing::warn!(error = %e, reason, "could not publish event");
+    }
+}

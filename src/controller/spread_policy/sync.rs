@@ -1,0 +1,221 @@
+//! The body of a SpreadPolicy reconcile, step by step: the finalizer, read (the caches), decide
+//! ([`plan`]), write ([`perform`]), record ([`status`]: written when it changed, pod counts at
+//! most every few seconds), and what wakes the policy next.
+
+use super::feasibility::NodeInfo;
+use super::plan::Inputs;
+use super::workload::Workload;
+use super::{FINALIZER, State, error::Error, perform, plan, status};
+use crate::api::spread_policy::{DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec};
+use crate::controller::reconcile::key;
+use crate::k8s::lenient::{Invalid, Lenient};
+use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
+use kube::{Api, Resource, ResourceExt, runtime::controller::Action};
+use serde::Deserialize;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+async fn set_finalizers(
+    st: &State,
+    obj: &Lenient<SpreadPolicy>,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let api: Api<Lenient<SpreadPolicy>> =
+        Api::namespaced(st.ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    finalizer::set(&api, obj, finalizers)
+        .await
+        .map_err(|e| match e {
+            finalizer::Error::Stale => Error::Stale,
+            finalizer::Error::Api(e) => Error::Finalizer(e),
+        })
+}
+
+/// A stored policy this version cannot read. It is reported on itself and
+/// otherwise left alone (what it wrote stays, as with `suspend`), except that
+/// its deletion still takes its terms out of the workloads that carry them,
+/// so the deletion finishes. Only `deletionPolicy` and `rollout` are read from
+/// it for that, each when it decodes (else the defaults: Remove, 1 at a time).
+pub(super) async fn sync_invalid(
+    obj: &Lenient<SpreadPolicy>,
+    inv: &Invalid,
+    st: &State,
+) -> Result<Action, Error> {
+    if obj.meta().deletion_timestamp.is_some() {
+        let spec = inv.raw.get("spec");
+        let field = |name: &str| spec.and_then(|s| s.get(name));
+        let stand_in = SpreadPolicy {
+            metadata: inv.metadata.clone(),
+            spec: SpreadPolicySpec {
+                deletion_policy: field("deletionPolicy")
+                    .and_then(|v| DeletionPolicy::deserialize(v).ok())
+                    .unwrap_or_default(),
+                rollout: field("rollout")
+                    .and_then(|v| RolloutPacing::deserialize(v).ok())
+                    .unwrap_or_default(),
+                ..Default::default()
+            },
+            status: None,
+        };
+        return sync(obj, &stand_in, false, st).await;
+    }
+    crate::controller::report_invalid::<Lenient<SpreadPolicy>>(
+        &st.ctx.client,
+        &st.recorder,
+        SPREAD_POLICY_MANAGER,
+        inv,
+    )
+    .await
+    .map_err(Error::ReportInvalid)?;
+    Ok(Action::await_change())
+}
+
+/// The cached Deployments and StatefulSets of `ns`.
+fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
+    st.deployments
+        .state()
+        .iter()
+        .filter(|d| d.namespace().as_deref() == Some(ns))
+        .map(|d| d.workload.clone())
+        .chain(
+            st.stateful_sets
+                .state()
+                .iter()
+                .filter(|s| s.namespace().as_deref() == Some(ns))
+                .map(|s| s.workload.clone()),
+        )
+        .collect()
+}
+
+/// Reconciles `policy` (the object `obj` as read, or a stand-in for one that
+/// cannot be read, whose status is then not written).
+pub(super) async fn sync(
+    obj: &Lenient<SpreadPolicy>,
+    policy: &SpreadPolicy,
+    readable: bool,
+    st: &State,
+) -> Result<Action, Error> {
+    let ns = policy.namespace().unwrap_or_default();
+    let name = policy.name_any();
+    let deleting = policy.metadata.deletion_timestamp.is_some();
+    let has_finalizer = policy.finalizers().iter().any(|f| f == FINALIZER);
+    if deleting && !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    if !deleting && !has_finalizer {
+        let mut f = policy.finalizers().to_vec();
+        f.push(FINALIZER.into());
+        set_finalizers(st, obj, f).await?;
+        // The update wakes us again with the finalizer in place.
+        return Ok(Action::await_change());
+    }
+
+    let mut workloads = workloads_in(st, &ns);
+    let seen = st.tracker.lock().expect("not poisoned").observe(
+        &ns,
+        &mut workloads,
+        jiff::Timestamp::now(),
+    );
+    let mut policies: Vec<Arc<SpreadPolicy>> = st
+        .policies
+        .state()
+        .iter()
+        .filter_map(|p| p.ok())
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() != name)
+        .map(|p| Arc::new(p.clone()))
+        .collect();
+    policies.push(Arc::new(policy.clone()));
+    let nodes: Vec<NodeInfo> = st
+        .nodes
+        .state()
+        .iter()
+        .map(|n| NodeInfo::from_node(n))
+        .collect();
+
+    let pods = st
+        .pods
+        .snapshot(&ns, workloads.iter().map(|w| (w.kind, w.name.as_str())));
+
+    let plan = plan::plan(&Inputs {
+        policy,
+        policies: &policies,
+        workloads: &workloads,
+        nodes: &nodes,
+        pods: &pods,
+        unobserved_writes: &seen.unobserved,
+    });
+    let outcome = perform::perform(st, policy, &plan, &workloads).await;
+    if !deleting {
+        st.ctx
+            .metrics
+            .set_spread_infeasible(&ns, &name, Some(plan.pending));
+    }
+
+    // A status that only moves pod counts waits for the pacer; this is when to look again.
+    let mut status_due: Option<Duration> = None;
+    if readable {
+        let new_status = status::build(policy, &plan, &outcome.rejected, jiff::Timestamp::now());
+        let old_conditions = policy
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let policy_key = key(policy);
+        if policy.status.as_ref() != Some(&new_status) {
+            status_due = policy
+                .status
+                .as_ref()
+                .filter(|old| status::only_distribution_changed(old, &new_status))
+                .and_then(|_| st.pacer.wait(&policy_key, Instant::now()));
+        }
+        if policy.status.as_ref() != Some(&new_status) && status_due.is_none() {
+            let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
+            apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
+                .await
+                .map_err(Error::Status)?;
+            st.pacer.wrote(&policy_key, Instant::now());
+            for (warning, reason, note) in
+                status::events_for(&old_conditions, &new_status.conditions)
+            {
+                perform::publish(st, policy, warning, reason, note).await;
+            }
+        }
+    }
+    // The soonest of `d` and a status write held back.
+    let soonest = |d: Duration| status_due.map_or(d, |s| s.min(d));
+    if let Some(e) = outcome.transient {
+        return Err(e);
+    }
+
+    if deleting && plan.released {
+        let f: Vec<String> = policy
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(st, obj, f).await?;
+        st.ctx.metrics.set_spread_infeasible(&ns, &name, None);
+        tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
+        return Ok(Action::await_change());
+    }
+    if let Some(delay) = outcome.throttled {
+        return Ok(Action::requeue(soonest(delay)));
+    }
+    if outcome.retry_soon {
+        return Ok(Action::requeue(soonest(Duration::from_secs(1))));
+    }
+    // A rollout that stops progressing holds up pacing only until its bound:
+    // nothing else would wake us then.
+    if let Some(bound) = seen.next_bound.filter(|_| plan.waiting > 0) {
+        return Ok(Action::requeue(soonest(bound + Duration::from_secs(1))));
+    }
+    if let Some(due) = status_due {
+        return Ok(Action::requeue(due));
+    }
+    // Everything else wakes us through the watches: workload changes (also
+    // rollouts finishing, which frees pacing budget), pods, node changes,
+    // policy changes.
+    Ok(Action::await_change())
+}
