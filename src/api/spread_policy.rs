@@ -138,6 +138,26 @@ pub struct SpreadPolicySpec {
     /// exactly the operator's terms out of each workload; `Orphan` leaves them in place.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// How a governed Deployment loses pods when it is scaled down. `Default`: the ReplicaSet
+    /// controller's own order, which ignores domains (it may empty the emptiest zone first).
+    /// `Balanced`: the operator keeps `controller.kubernetes.io/pod-deletion-cost` on the pods
+    /// so that the most crowded domain of the first spread term loses pods first. StatefulSets
+    /// always remove their highest ordinal and are not affected.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub scale_down: ScaleDown,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// How a governed Deployment loses pods on scale-down: `Default` or `Balanced`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ScaleDown {
+    #[default]
+    Default,
+    Balanced,
 }
 
 fn default_kinds() -> Vec<WorkloadKind> {

@@ -23,6 +23,7 @@ pub mod placement;
 pub mod plan;
 pub mod pods;
 pub mod read;
+pub mod scale_down;
 pub mod select;
 pub mod status;
 mod sync;

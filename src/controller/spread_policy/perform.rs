@@ -186,3 +186,88 @@ pub(super) async fn publish(
         tracing::warn!(error = %e, reason, "could not publish event");
     }
 }
+
+async fn send_cost<'a>(
+    st: &State,
+    ns: &str,
+    w: &'a plan::PodWrite,
+) -> (&'a plan::PodWrite, kube::Result<()>) {
+    let body = write::cost_body(ns, &w.cost);
+    (
+        w,
+        write::write_pod(&st.ctx.client, ns, &w.cost.pod, &body).await,
+    )
+}
+
+/// Sends the plan's pod writes (deletion costs), at most [`WRITE_CONCURRENCY`] at once. A pod
+/// gone meanwhile needs nothing; a refused write is logged and counted (the next change of the
+/// pod plans it again); a conflict or a 429 looks again soon.
+pub(super) async fn perform_pods(
+    st: &State,
+    ns: &str,
+    policy: &str,
+    writes: &[plan::PodWrite],
+) -> Performed {
+    let mut out = Performed::default();
+    let mut jobs = writes.iter();
+    let mut running = FuturesUnordered::new();
+    for w in jobs.by_ref().take(WRITE_CONCURRENCY) {
+        running.push(send_cost(st, ns, w));
+    }
+    let (mut set, mut removed) = (0usize, 0usize);
+    while let Some((w, result)) = running.next().await {
+        if out.throttled.is_none()
+            && let Some(next) = jobs.next()
+        {
+            running.push(send_cost(st, ns, next));
+        }
+        match result {
+            Ok(()) => {
+                let outcome = if w.cost.cost.is_some() {
+                    "applied"
+                } else {
+                    "removed"
+                };
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", outcome);
+                if w.cost.cost.is_some() {
+                    set += 1;
+                } else {
+                    removed += 1;
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "gone");
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "conflict");
+                out.retry_soon = true;
+            }
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "throttled");
+                let delay = write::throttle_delay(&s, THROTTLE_RETRY);
+                out.throttled = Some(out.throttled.map_or(delay, |d| d.max(delay)));
+            }
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "rejected");
+                tracing::warn!(policy, namespace = ns, pod = %w.cost.pod, error = %s.message, "deletion cost write rejected");
+            }
+            Err(e) => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "error");
+                out.transient = Some(Error::PodWrite {
+                    pod: w.cost.pod.clone(),
+                    source: e,
+                });
+            }
+        }
+    }
+    if set + removed > 0 {
+        tracing::info!(
+            policy,
+            namespace = ns,
+            set,
+            removed,
+            "wrote pod deletion costs"
+        );
+    }
+    out
+}

@@ -145,7 +145,11 @@ pub(super) async fn sync(
         pods: &pods,
         unobserved_writes: &seen.unobserved,
     });
-    let outcome = perform::perform(st, policy, &plan, &workloads).await;
+    let mut outcome = perform::perform(st, policy, &plan, &workloads).await;
+    let pods_outcome = perform::perform_pods(st, &ns, &name, &plan.pod_writes).await;
+    outcome.retry_soon |= pods_outcome.retry_soon;
+    outcome.throttled = outcome.throttled.max(pods_outcome.throttled);
+    outcome.transient = outcome.transient.or(pods_outcome.transient);
     if !deleting {
         st.ctx
             .metrics
