@@ -109,6 +109,8 @@ fn main() {
                 nodes: &ns,
                 pods: &pods,
                 unobserved_writes: &unobserved,
+                evicted: &Default::default(),
+                now: jiff::Timestamp::now(),
             });
             black_box(out);
         },
@@ -120,6 +122,8 @@ fn main() {
         nodes: &ns,
         pods: &pods,
         unobserved_writes: &unobserved,
+        evicted: &Default::default(),
+        now: jiff::Timestamp::now(),
     });
     println!(
         "  -> {} writes allowed now by maxConcurrent 5, {} waiting",

@@ -33,6 +33,9 @@ pub type ShutdownSignal = Shared<BoxFuture<'static, ()>>;
 #[derive(Clone)]
 pub struct Context {
     pub client: Client,
+    /// The same client without kube's retries of 429/503/504, for the requests whose 429 is an
+    /// answer rather than throttling: an eviction a PodDisruptionBudget refuses.
+    pub once: Client,
     pub metrics: Metrics,
     /// Restricts the controllers to one namespace (`--watch-namespace`);
     /// `None` watches all namespaces.

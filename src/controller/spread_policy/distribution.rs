@@ -180,13 +180,15 @@ pub fn placed<'a>(w: &Workload, pods: &'a [PodView], nodes: &Nodes<'a>) -> Vec<&
 }
 
 /// Where `w`'s pods run under `spec`, and by how much more than allowed its most uneven level
-/// is skewed (0 or less: within the spread).
+/// is skewed (0 or less: within the spread). `rebalancing`: pods of `w` were evicted lately to
+/// rebalance it, so it counts as skewed between batches too, while it is not settled.
 pub fn of(
     spec: &SpreadPolicySpec,
     w: &Workload,
     pods: &[PodView],
     all_nodes: &[NodeInfo],
     nodes: &Nodes,
+    rebalancing: bool,
 ) -> (WorkloadDistribution, i32) {
     let usable: Vec<&NodeInfo> = all_nodes
         .iter()
@@ -219,7 +221,7 @@ pub fn of(
         replicas: w.replicas,
         running,
         pending,
-        skewed: settled && excess > 0,
+        skewed: (settled || rebalancing) && excess > 0,
         levels: level_out,
         pending_reasons: pending_reasons(pods),
     };

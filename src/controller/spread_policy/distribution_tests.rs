@@ -44,7 +44,14 @@ fn pods_are_counted_per_domain_of_their_real_node_with_empty_domains_listed() {
         running("p2", "b1"),
         running("p3", "c0"),
     ];
-    let (d, excess) = of(&zone_spread(), &web(3), &pods, &nodes, &by_name(&nodes));
+    let (d, excess) = of(
+        &zone_spread(),
+        &web(3),
+        &pods,
+        &nodes,
+        &by_name(&nodes),
+        false,
+    );
     let zone = &d.levels[0];
     assert_eq!(
         zone.pods,
@@ -70,14 +77,28 @@ fn a_domain_no_pod_may_use_counts_its_pods_but_is_not_the_emptiest() {
         running("p2", "b0"),
         running("p3", "c0"),
     ];
-    let (d, _) = of(&zone_spread(), &web(3), &pods, &nodes, &by_name(&nodes));
+    let (d, _) = of(
+        &zone_spread(),
+        &web(3),
+        &pods,
+        &nodes,
+        &by_name(&nodes),
+        false,
+    );
     assert_eq!(d.levels[0].skew, 0, "1 in each, a included");
     let pods = [
         running("p1", "b0"),
         running("p2", "b1"),
         running("p3", "c0"),
     ];
-    let (d, _) = of(&zone_spread(), &web(3), &pods, &nodes, &by_name(&nodes));
+    let (d, _) = of(
+        &zone_spread(),
+        &web(3),
+        &pods,
+        &nodes,
+        &by_name(&nodes),
+        false,
+    );
     assert_eq!(
         (d.levels[0].skew, d.skewed),
         (1, false),
@@ -95,7 +116,7 @@ fn a_workload_rolling_out_is_not_skewed() {
     ];
     let mut w = web(3);
     w.rollout = Rollout::InProgress;
-    let (d, excess) = of(&zone_spread(), &w, &pods, &nodes, &by_name(&nodes));
+    let (d, excess) = of(&zone_spread(), &w, &pods, &nodes, &by_name(&nodes), false);
     assert_eq!((excess, d.skewed), (2, false));
 }
 
@@ -124,7 +145,7 @@ fn anti_affinity_allows_a_skew_of_one_and_each_key_is_one_level() {
         running("p2", "a1"),
         running("p3", "b0"),
     ];
-    let (d, excess) = of(&s, &web(3), &pods, &nodes, &by_name(&nodes));
+    let (d, excess) = of(&s, &web(3), &pods, &nodes, &by_name(&nodes), false);
     assert_eq!(d.levels[1].skew, 1, "hosts: 1 or 0 each");
     assert_eq!((excess, d.skewed), (1, true), "zones a 2, c 0");
 }
@@ -158,7 +179,14 @@ fn pending_pods_are_grouped_by_the_scheduler_s_reason() {
             ..Default::default()
         },
     ];
-    let (d, _) = of(&zone_spread(), &web(5), &pods, &nodes, &by_name(&nodes));
+    let (d, _) = of(
+        &zone_spread(),
+        &web(5),
+        &pods,
+        &nodes,
+        &by_name(&nodes),
+        false,
+    );
     assert_eq!((d.running, d.pending), (1, 4));
     let reasons: Vec<(&str, i32)> = d
         .pending_reasons
@@ -181,7 +209,7 @@ fn more_than_32_domains_list_the_most_crowded_and_the_emptiest() {
         .map(|i| running(&format!("p{i}"), &format!("n{:02}", i % 10)))
         .collect();
     let s = spec(json!([{"topologyKey": "kubernetes.io/hostname", "mode": "Preferred"}]));
-    let (d, _) = of(&s, &web(20), &pods, &nodes, &by_name(&nodes));
+    let (d, _) = of(&s, &web(20), &pods, &nodes, &by_name(&nodes), false);
     let host = &d.levels[0];
     assert_eq!((host.domains, host.pods.len(), host.skew), (40, 32, 2));
     assert_eq!(host.pods.values().filter(|c| **c == 2).count(), 10);

@@ -23,6 +23,7 @@ pub mod placement;
 pub mod plan;
 pub mod pods;
 pub mod read;
+pub mod rebalance;
 pub mod scale_down;
 pub mod select;
 pub mod status;
@@ -96,6 +97,9 @@ pub struct State {
     pods: Arc<PodIndex>,
     /// Holds status writes that only move pod counts to one every few seconds.
     pacer: status::Pacer,
+    /// When each workload's last rebalancing batch went (in memory: after a restart the next
+    /// batch may come sooner than `minInterval`, but never while replicas are unavailable).
+    evicted: Mutex<HashMap<pods::WorkloadRef, jiff::Timestamp>>,
     recorder: super::events::Publisher,
     /// Our template writes and the rollouts under way (see [`tracker`]);
     /// shared with the workload watches' mappers.
@@ -292,6 +296,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         nodes,
         pods,
         pacer: status::Pacer::default(),
+        evicted: Mutex::default(),
         tracker: tracker.clone(),
     });
     let (p1, p2, p3, p4) = (

@@ -1,15 +1,20 @@
-//! Act: sends a plan's writes to the workloads (at most [`WRITE_CONCURRENCY`] at once),
-//! maps each HTTP outcome to what the reconcile does next, remembers template changes for
-//! pacing, and publishes one Event per outcome for the whole batch.
+//! Act: sends a plan's writes — to the workloads (at most [`WRITE_CONCURRENCY`] at once), the
+//! deletion costs of their pods, and the evictions that rebalance them — maps each HTTP outcome
+//! to what the reconcile does next, remembers template changes for pacing and evictions for
+//! `minInterval`, and publishes Events: one per outcome for a batch of workloads, one per
+//! eviction.
 
 use super::workload::Workload;
 use super::{
-    CONTROLLER, State, THROTTLE_RETRY, WRITE_CONCURRENCY, error::Error, plan, status, write,
+    CONTROLLER, State, THROTTLE_RETRY, WRITE_CONCURRENCY, error::Error, plan, rebalance, status,
+    write,
 };
 use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
 use futures::{StreamExt, stream::FuturesUnordered};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    Resource, ResourceExt,
+    Api, Resource, ResourceExt,
+    api::{DeleteParams, EvictParams, PostParams, Preconditions},
     runtime::events::{Event, EventType},
 };
 use std::{
@@ -268,6 +273,81 @@ pub(super) async fn perform_pods(
             removed,
             "wrote pod deletion costs"
         );
+    }
+    out
+}
+
+/// How soon an eviction a PodDisruptionBudget refused is tried again (a pod becoming ready,
+/// which is what frees the budget, wakes the policy sooner).
+const EVICTION_RETRY: Duration = Duration::from_secs(10);
+
+/// Evicts the plan's pods through the Eviction API (one by one: a batch is at most
+/// `maxUnavailable`), each pinned by its uid. The Eviction API refuses (429) an eviction its
+/// PodDisruptionBudget does not allow: the rest of the batch waits for the next try. An Event
+/// names each eviction and why.
+pub(super) async fn evict(
+    st: &State,
+    policy: &SpreadPolicy,
+    evictions: &[(WorkloadKind, String, rebalance::Eviction)],
+) -> Performed {
+    let ns = policy.namespace().unwrap_or_default();
+    // Sent once: a 429 here is the budget's answer, not throttling to wait out.
+    let api: Api<Pod> = Api::namespaced(st.ctx.once.clone(), &ns);
+    let mut out = Performed::default();
+    for (kind, workload, e) in evictions {
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(e.uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            }),
+            post_options: PostParams::default(),
+        };
+        match api.evict(&e.pod, &params).await {
+            Ok(_) => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "evicted");
+                st.evicted.lock().expect("not poisoned").insert(
+                    (ns.clone(), *kind, workload.clone()),
+                    jiff::Timestamp::now(),
+                );
+                tracing::info!(policy = %policy.name_any(), namespace = %ns, pod = %e.pod, why = %e.why, "evicted to rebalance");
+                publish(
+                    st,
+                    policy,
+                    false,
+                    status::reason::POD_EVICTED,
+                    e.why.clone(),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "gone");
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "conflict");
+                out.retry_soon = true;
+            }
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "blocked");
+                let note = format!(
+                    "{kind:?}/{workload}: the eviction of pod {} was refused: {}",
+                    e.pod, s.message
+                );
+                publish(st, policy, false, status::reason::EVICTION_BLOCKED, note).await;
+                out.throttled = Some(EVICTION_RETRY);
+                break;
+            }
+            Err(e2) => {
+                st.ctx.metrics.count_write(CONTROLLER, "Pod", "error");
+                out.transient = Some(Error::PodWrite {
+                    pod: e.pod.clone(),
+                    source: e2,
+                });
+                break;
+            }
+        }
     }
     out
 }

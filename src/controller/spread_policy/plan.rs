@@ -8,6 +8,7 @@ use super::feasibility::{NodeInfo, count_domains, topology_keys};
 use super::merge::{Merged, merge};
 use super::placement::assess;
 use super::pods::PodView;
+use super::rebalance::{self, Eviction};
 use super::scale_down::{CostWrite, cost_writes};
 use super::select::{precedence, selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
@@ -118,7 +119,17 @@ pub struct Plan {
     pub skewed: Vec<String>,
     /// Deletion costs to write (`scaleDown`), or to take away.
     pub pod_writes: Vec<PodWrite>,
+    /// Pods to evict now (`rebalance`), by workload.
+    pub evictions: Vec<(WorkloadKind, String, Eviction)>,
+    /// Some governed workload is off its spread where rebalancing acts (now or later).
+    pub rebalancing: bool,
+    /// How long until the next rebalancing batch may go, when one waits for `minInterval`.
+    pub rebalance_wait: Option<std::time::Duration>,
 }
+
+/// How long after its last eviction a workload still counts as being rebalanced, beyond
+/// `minInterval` (its replacements being placed and becoming ready).
+pub const REBALANCE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the plan needs to know.
 pub struct Inputs<'a> {
@@ -132,6 +143,9 @@ pub struct Inputs<'a> {
     pub pods: &'a PodSnapshot,
     /// Workloads whose last write by us the cache has not caught up with.
     pub unobserved_writes: &'a BTreeSet<(WorkloadKind, String)>,
+    /// When each workload's last rebalancing batch went.
+    pub evicted: &'a std::collections::HashMap<(WorkloadKind, String), jiff::Timestamp>,
+    pub now: jiff::Timestamp,
 }
 
 fn invalid_reason(policy: &SpreadPolicy) -> Option<String> {
@@ -303,7 +317,48 @@ pub fn plan(inp: &Inputs) -> Plan {
             let pods = inp.pods.get(&(w.kind, w.name.clone())).unwrap_or(&no_pods);
             let placed = distribution::placed(w, pods, &nodes);
             let f = assess(&policy.spec, w, inp.nodes, &placed);
-            spread.push(distribution::of(&policy.spec, w, pods, inp.nodes, &nodes));
+            let key = (w.kind, w.name.clone());
+            let last = inp.evicted.get(&key).copied();
+            let recent = policy
+                .spec
+                .rebalance
+                .as_ref()
+                .zip(last)
+                .is_some_and(|(r, t)| {
+                    let window = jiff::SignedDuration::try_from(r.min_interval() + REBALANCE_GRACE);
+                    window.is_ok_and(|window| inp.now.duration_since(t) < window)
+                });
+            spread.push(distribution::of(
+                &policy.spec,
+                w,
+                pods,
+                inp.nodes,
+                &nodes,
+                recent,
+            ));
+            if let Some(r) = policy
+                .spec
+                .rebalance
+                .as_ref()
+                .filter(|_| !policy.spec.suspend)
+                && !inp.unobserved_writes.contains(&key)
+            {
+                let d = rebalance::decide(
+                    &policy.spec,
+                    r,
+                    w,
+                    pods,
+                    inp.nodes,
+                    &nodes,
+                    rebalance::Clock { last, now: inp.now },
+                );
+                out.rebalancing |= d.wanted;
+                if let Some(wait) = d.wait {
+                    out.rebalance_wait = Some(out.rebalance_wait.map_or(wait, |o| o.min(wait)));
+                }
+                out.evictions
+                    .extend(d.evict.into_iter().map(|e| (w.kind, w.name.clone(), e)));
+            }
             if let Some(short) = &f.shortfall {
                 out.shortfalls.push(short.message(&w.name));
                 out.pending += i64::from(short.pending);

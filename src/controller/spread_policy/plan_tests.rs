@@ -59,6 +59,8 @@ fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
         nodes: &[],
         pods: &PodSnapshot::new(),
         unobserved_writes: &BTreeSet::new(),
+        evicted: &Default::default(),
+        now: Timestamp::from_second(1000).unwrap(),
     })
 }
 
@@ -86,6 +88,8 @@ fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
         nodes: &nodes,
         pods: &PodSnapshot::new(),
         unobserved_writes: &BTreeSet::new(),
+        evicted: &Default::default(),
+        now: Timestamp::from_second(1000).unwrap(),
     });
     assert_eq!(out.shortfalls.len(), 2, "{:?}", out.shortfalls);
     assert_eq!(out.pending, 4);

@@ -32,6 +32,11 @@ pub mod reason {
     pub const FEASIBLE: &str = "Feasible";
     pub const SKEWED: &str = "Skewed";
     pub const BALANCED: &str = "Balanced";
+    /// The `Skewed` condition while `rebalance` moves pods back.
+    pub const REBALANCING: &str = "Rebalancing";
+    /// Events only: a pod evicted to rebalance, and an eviction a PodDisruptionBudget refused.
+    pub const POD_EVICTED: &str = "PodEvicted";
+    pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
     /// Events only: workloads written with the policy's terms, or with them taken out.
     pub const TERMS_APPLIED: &str = "TermsApplied";
     pub const TERMS_REMOVED: &str = "TermsRemoved";
@@ -239,7 +244,11 @@ pub fn build(
             &mut conditions,
             CONDITION_SKEWED,
             Status::True,
-            reason::SKEWED,
+            if plan.rebalancing {
+                reason::REBALANCING
+            } else {
+                reason::SKEWED
+            },
             join_bounded(&plan.skewed),
             generation,
             now,
@@ -332,8 +341,10 @@ pub fn events_for(old: &[Condition], new: &[Condition]) -> Vec<EventSpec> {
         }
     }
     if let Some(c) = changed(CONDITION_SKEWED) {
-        if c.status == "True" {
+        if c.status == "True" && c.reason == reason::SKEWED {
             out.push((true, reason::SKEWED, c.message));
+        } else if c.status == "True" {
+            out.push((false, reason::REBALANCING, c.message));
         } else if find(old, CONDITION_SKEWED).is_some() {
             out.push((false, reason::BALANCED, c.message));
         }

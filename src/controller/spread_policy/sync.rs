@@ -6,13 +6,16 @@ use super::feasibility::NodeInfo;
 use super::plan::Inputs;
 use super::workload::Workload;
 use super::{FINALIZER, State, error::Error, perform, plan, status};
-use crate::api::spread_policy::{DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec};
+use crate::api::spread_policy::{
+    DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec, WorkloadKind,
+};
 use crate::controller::reconcile::key;
 use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
 use kube::{Api, Resource, ResourceExt, runtime::controller::Action};
 use serde::Deserialize;
 use std::{
+    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -136,6 +139,14 @@ pub(super) async fn sync(
     let pods = st
         .pods
         .snapshot(&ns, workloads.iter().map(|w| (w.kind, w.name.as_str())));
+    let evicted: HashMap<(WorkloadKind, String), jiff::Timestamp> = st
+        .evicted
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .filter(|((n, ..), _)| *n == ns)
+        .map(|((_, kind, w), t)| ((*kind, w.clone()), *t))
+        .collect();
 
     let plan = plan::plan(&Inputs {
         policy,
@@ -144,12 +155,18 @@ pub(super) async fn sync(
         nodes: &nodes,
         pods: &pods,
         unobserved_writes: &seen.unobserved,
+        evicted: &evicted,
+        now: jiff::Timestamp::now(),
     });
     let mut outcome = perform::perform(st, policy, &plan, &workloads).await;
     let pods_outcome = perform::perform_pods(st, &ns, &name, &plan.pod_writes).await;
     outcome.retry_soon |= pods_outcome.retry_soon;
     outcome.throttled = outcome.throttled.max(pods_outcome.throttled);
     outcome.transient = outcome.transient.or(pods_outcome.transient);
+    let evictions = perform::evict(st, policy, &plan.evictions).await;
+    outcome.retry_soon |= evictions.retry_soon;
+    outcome.throttled = outcome.throttled.max(evictions.throttled);
+    outcome.transient = outcome.transient.or(evictions.transient);
     if !deleting {
         st.ctx
             .metrics
@@ -214,6 +231,10 @@ pub(super) async fn sync(
     // nothing else would wake us then.
     if let Some(bound) = seen.next_bound.filter(|_| plan.waiting > 0) {
         return Ok(Action::requeue(soonest(bound + Duration::from_secs(1))));
+    }
+    // The next rebalancing batch waits for minInterval: nothing else would wake us then.
+    if let Some(wait) = plan.rebalance_wait {
+        return Ok(Action::requeue(soonest(wait + Duration::from_millis(100))));
     }
     if let Some(due) = status_due {
         return Ok(Action::requeue(due));
