@@ -8,6 +8,7 @@ use ballast::controller::spread_policy::{
     feasibility::NodeInfo,
     plan::{Inputs, PodSnapshot, plan},
     pods::{Phase, PodView},
+    select::Governor,
     workload::Workload,
 };
 use std::{collections::BTreeSet, hint::black_box, sync::Arc, time::Instant};
@@ -92,7 +93,7 @@ fn bench(name: &str, iterations: u32, mut f: impl FnMut()) {
 }
 
 fn main() {
-    let p = policy();
+    let p = Governor::from(policy());
     let policies = vec![Arc::new(p.clone())];
     let ws = workloads(1000);
     let ns = nodes(300);
@@ -105,6 +106,7 @@ fn main() {
             let out = plan(&Inputs {
                 policy: &p,
                 policies: &policies,
+                budget_used_elsewhere: 0,
                 workloads: &ws,
                 nodes: &ns,
                 pods: &pods,
@@ -118,6 +120,7 @@ fn main() {
     let out = plan(&Inputs {
         policy: &p,
         policies: &policies,
+        budget_used_elsewhere: 0,
         workloads: &ws,
         nodes: &ns,
         pods: &pods,

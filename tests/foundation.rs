@@ -856,6 +856,31 @@ spec:
     env.c
         .kubectl_ok(&["delete", "spol", "db-zones", "-n", &ns, "--timeout=60s"]);
 
+    // ClusterSpreadPolicy: its finalizer and status (patches), then deleted.
+    let cspol = format!("rbac-{}", support::random_suffix());
+    env.c.kubectl_ok(&[
+        "label",
+        "namespace",
+        &ns,
+        &format!("ballast.dev/test-rbac={cspol}"),
+    ]);
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: ClusterSpreadPolicy\nmetadata: {{name: {cspol}}}\nspec:\n  namespaceSelector: {{matchLabels: {{ballast.dev/test-rbac: {cspol}}}}}\n  selector: {{matchLabels: {{tier: db}}}}\n  spread: [{{topologyKey: kubernetes.io/hostname, mode: Preferred}}]\n"
+    ));
+    wait_until(
+        "the cluster policy applied",
+        Duration::from_secs(60),
+        || async {
+            let out = env
+                .c
+                .kubectl(&["get", "cspol", &cspol, "-o", "jsonpath={.status.applied}"]);
+            (String::from_utf8_lossy(&out.stdout).trim() == "2").then_some(())
+        },
+    )
+    .await;
+    env.c
+        .kubectl_ok(&["delete", "cspol", &cspol, "--timeout=60s"]);
+
     // RolloutStrategy: a failing pre hook (its log is read), ignored, over two revisions, so
     // that the first revision's Job is pruned; then the strategy is deleted.
     let stable = adopt(

@@ -178,7 +178,7 @@ pub struct Rebalance {
     #[serde(default = "default_min_interval")]
     #[schemars(length(min = 2, max = 16), pattern(r"^([0-9]{1,5}(h|m|s))+$"))]
     #[x_kube(
-        validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('24h')")
+        validation = Rule::new("!self.matches('^([0-9]{1,5}(h|m|s))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))")
             .message("minInterval must be from 1s to 24h")
     )]
     pub min_interval: String,
@@ -492,6 +492,9 @@ pub struct TopologyDomains {
 pub struct WorkloadStatus {
     /// `Deployment` or `StatefulSet`.
     pub kind: WorkloadKind,
+    /// Namespace of the workload (ClusterSpreadPolicy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// Name of the workload in this namespace.
     pub name: String,
     /// Short CamelCase state, e.g. `Applied`, `Pending`, `RollingOut`, `Conflicted`,

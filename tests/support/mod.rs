@@ -255,6 +255,7 @@ impl Cluster {
                 "--timeout=60s",
                 "crd/spreadpolicies.ballast.dev",
                 "crd/rolloutstrategies.ballast.dev",
+                "crd/clusterspreadpolicies.ballast.dev",
             ]);
             // The API server takes up admission policies within a second.
             std::thread::sleep(Duration::from_secs(2));

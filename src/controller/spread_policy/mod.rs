@@ -14,6 +14,7 @@
 //!
 //! `sync` is one reconcile, those steps in order.
 
+mod cluster;
 pub mod distribution;
 pub mod error;
 pub mod feasibility;
@@ -30,6 +31,7 @@ pub mod status;
 mod sync;
 pub mod terms;
 pub mod tracker;
+mod triggers;
 pub mod workload;
 pub mod write;
 
@@ -37,26 +39,28 @@ use super::{
     Context, ShutdownSignal,
     reconcile::{Outcomes, key},
 };
-use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use crate::api::cluster_spread_policy::ClusterSpreadPolicy;
+use crate::api::spread_policy::SpreadPolicy;
 use crate::k8s::SPREAD_POLICY_MANAGER;
 use crate::k8s::lenient::Lenient;
 use error::Error;
 use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::Node,
+    core::v1::{Namespace, Node},
 };
 use kube::{
     Api, ResourceExt,
+    core::PartialObjectMeta,
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
         events::Reporter,
         reflector::{self, ObjectRef, Store},
+        watcher,
     },
 };
-use plan::ANNOTATION_POLICY;
-use pods::{Changed, PodIndex, WatchedPod};
+use pods::{PodIndex, WatchedPod};
 use read::{Cached, Relevant, coalesce, node_fingerprint, strip_meta};
 use std::{
     collections::HashMap,
@@ -64,13 +68,13 @@ use std::{
     time::Duration,
 };
 use tracker::Tracker;
-use workload::Workload;
+use triggers::{Policies, Triggers};
 
 pub const CONTROLLER: &str = "spread-policy";
+/// The ClusterSpreadPolicy controller's name in metrics.
+pub const CLUSTER_CONTROLLER: &str = "cluster-spread-policy";
 /// Keeps a policy until its terms are out of every workload (deletionPolicy Remove).
 pub const FINALIZER: &str = "ballast.dev/spread-policy";
-
-type Policies = Store<Lenient<SpreadPolicy>>;
 
 /// Workload writes of one reconcile in flight at once. A policy that selects thousands of
 /// workloads fans out at the pace of the API server rather than of one round trip at a time,
@@ -83,6 +87,9 @@ const THROTTLE_RETRY: Duration = Duration::from_secs(1);
 /// rollout or a scale moves many pods within a second, and each policy is planned once for
 /// all of them.
 pub const POD_COALESCE: Duration = Duration::from_secs(1);
+/// How long the changes that wake ClusterSpreadPolicies (their workloads, pods, nodes,
+/// SpreadPolicies) are gathered: one cluster policy spans many namespaces.
+pub const CLUSTER_COALESCE: Duration = Duration::from_millis(200);
 
 /// What every reconcile of this controller shares.
 pub struct State {
@@ -92,6 +99,9 @@ pub struct State {
     policies: Policies,
     deployments: Store<Cached<Deployment>>,
     stateful_sets: Store<Cached<StatefulSet>>,
+    cluster_policies: triggers::ClusterPolicies,
+    /// Namespaces, for their labels (a ClusterSpreadPolicy's namespaceSelector).
+    namespaces: triggers::Namespaces,
     nodes: Store<Node>,
     /// The pods of the workloads, by workload.
     pods: Arc<PodIndex>,
@@ -105,87 +115,35 @@ pub struct State {
     /// shared with the workload watches' mappers.
     tracker: Arc<Mutex<Tracker>>,
     outcomes: Outcomes,
+    cluster_outcomes: Outcomes,
 }
 
-/// The policies in `w`'s namespace that select it, whose terms it carries,
-/// or whose write it is still rolling out.
-fn policies_for(
-    store: &Policies,
-    tracker: &Mutex<Tracker>,
-    w: &Workload,
-) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
-    let owner = w.annotations.get(ANNOTATION_POLICY);
-    let rolling_for = tracker
-        .lock()
-        .expect("not poisoned")
-        .rolling_for(&(w.namespace.clone(), w.kind, w.name.clone()))
-        .map(str::to_string);
-    store
-        .state()
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(w.namespace.as_str()))
-        .filter(|p| {
-            let name = p.name_any();
-            owner == Some(&name)
-                || rolling_for.as_ref() == Some(&name)
-                || p.ok().is_some_and(|p| select::selects(p, w))
-        })
-        .map(|p| ObjectRef::from_obj(p.as_ref()))
-        .collect()
-}
-
-/// The workload `(ns, kind, name)` as cached.
-fn cached_workload(
-    deployments: &Store<Cached<Deployment>>,
-    stateful_sets: &Store<Cached<StatefulSet>>,
-    (ns, kind, name): &pods::WorkloadRef,
-) -> Option<Workload> {
-    match kind {
-        WorkloadKind::Deployment => deployments
-            .get(&ObjectRef::new(name).within(ns))
-            .map(|d| d.workload.clone()),
-        WorkloadKind::StatefulSet => stateful_sets
-            .get(&ObjectRef::new(name).within(ns))
-            .map(|s| s.workload.clone()),
+impl State {
+    /// The labels of the namespaces in scope.
+    pub(crate) fn namespace_labels(&self) -> Arc<select::NamespaceLabels> {
+        triggers::namespace_labels(&self.namespaces)
     }
-}
 
-/// The workloads, and their policies, that the store of each kind holds.
-struct Stores {
-    policies: Policies,
-    deployments: Store<Cached<Deployment>>,
-    stateful_sets: Store<Cached<StatefulSet>>,
-    tracker: Arc<Mutex<Tracker>>,
-}
-
-impl Stores {
-    /// The policies to wake when the pods of `changed` workloads changed.
-    fn policies_for_pods(&self, changed: Changed) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
-        let refs = match changed {
-            Changed::All => {
-                return self
-                    .policies
-                    .state()
-                    .iter()
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect();
-            }
-            Changed::Some(refs) => refs,
+    async fn caches_ready(&self) -> Result<(), Error> {
+        let ready = async {
+            let _ = self.policies.wait_until_ready().await;
+            let _ = self.cluster_policies.wait_until_ready().await;
+            let _ = self.namespaces.wait_until_ready().await;
+            let _ = self.deployments.wait_until_ready().await;
+            let _ = self.stateful_sets.wait_until_ready().await;
+            let _ = self.nodes.wait_until_ready().await;
+            self.pods.wait_until_ready().await;
         };
-        let mut out = Vec::new();
-        for r in &refs {
-            if let Some(w) = cached_workload(&self.deployments, &self.stateful_sets, r) {
-                for p in policies_for(&self.policies, &self.tracker, &w) {
-                    if !out.contains(&p) {
-                        out.push(p);
-                    }
-                }
-            }
+        if super::caches_ready(ready, &self.shutdown, Duration::from_secs(30)).await {
+            Ok(())
+        } else {
+            Err(Error::CacheNotReady)
         }
-        out
     }
 }
 
+/// Runs the SpreadPolicy and ClusterSpreadPolicy controllers on shared caches of workloads,
+/// their pods, nodes and namespaces.
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
     let health = &ctx.health;
@@ -238,6 +196,29 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         };
         futures::future::ready(changed)
     });
+    // Namespaces (their labels, for namespaceSelector): only label changes pass.
+    let (namespaces, ns_writer) = reflector::store();
+    let ns_cfg = match &ctx.namespace {
+        Some(ns) => cfg.clone().fields(&format!("metadata.name={ns}")),
+        None => cfg.clone(),
+    };
+    let mut ns_labels: HashMap<String, std::collections::BTreeMap<String, String>> = HashMap::new();
+    let ns_stream = watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(ctx.client.clone()),
+        ns_cfg,
+    )
+    .default_backoff()
+    .reflect(ns_writer)
+    .touched_objects()
+    .filter(move |n| {
+        let changed = match n {
+            Ok(n) => {
+                ns_labels.insert(n.name_any(), n.labels().clone()).as_ref() != Some(n.labels())
+            }
+            Err(_) => true,
+        };
+        futures::future::ready(changed)
+    });
 
     // Policies are read leniently: one this version cannot decode is reported
     // on itself, and every other policy goes on being reconciled.
@@ -258,19 +239,39 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/spreadpolicies-siblings",
     )
     .touched_objects();
-    let controller = Controller::for_stream(policy_stream, policies.clone());
+    let (cluster_policies, cluster_writer) = reflector::store();
+    let cluster_stream = super::watch(
+        Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/clusterspreadpolicies",
+    )
+    .reflect(cluster_writer)
+    .touched_objects();
+    let cluster_sibling_stream = super::watch(
+        Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/clusterspreadpolicies-siblings",
+    )
+    .touched_objects();
     let tracker = Arc::new(Mutex::new(Tracker::default()));
+    let (cluster_tx, cluster_rx) = futures::channel::mpsc::unbounded();
+    let triggers = Triggers {
+        policies: policies.clone(),
+        cluster_policies: cluster_policies.clone(),
+        namespaces: namespaces.clone(),
+        deployments: deployments.clone(),
+        stateful_sets: stateful_sets.clone(),
+        tracker: tracker.clone(),
+        cluster_tx,
+    };
 
     // Pods, filed by workload as they come; a change wakes the policies of its workload,
     // gathered over POD_COALESCE.
     let pods = Arc::new(PodIndex::default());
-    let stores = Stores {
-        policies: policies.clone(),
-        deployments: deployments.clone(),
-        stateful_sets: stateful_sets.clone(),
-        tracker: tracker.clone(),
-    };
     let index = pods.clone();
+    let t = triggers.clone();
     let pod_stream = super::watch(
         ctx.scoped_api::<WatchedPod>(),
         cfg.clone(),
@@ -278,9 +279,8 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/pods",
     )
     .filter_map(move |ev| futures::future::ready(ev.ok().map(|ev| index.apply(ev))))
-    .flat_map(move |changed| futures::stream::iter(stores.policies_for_pods(changed)));
+    .flat_map(move |changed| futures::stream::iter(t.for_pods(changed)));
     let pod_triggers = coalesce(pod_stream, POD_COALESCE);
-    let (t1, t2) = (tracker.clone(), tracker.clone());
     let reporter = Reporter {
         controller: SPREAD_POLICY_MANAGER.into(),
         instance: None,
@@ -289,33 +289,41 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
         outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),
+        cluster_outcomes: Outcomes::new(CLUSTER_CONTROLLER, ctx.metrics.clone()),
         ctx,
         policies: policies.clone(),
+        cluster_policies: cluster_policies.clone(),
+        namespaces,
         deployments,
         stateful_sets,
         nodes,
         pods,
         pacer: status::Pacer::default(),
         evicted: Mutex::default(),
-        tracker: tracker.clone(),
+        tracker,
     });
-    let (p1, p2, p3, p4) = (
-        policies.clone(),
-        policies.clone(),
-        policies.clone(),
-        policies,
+    let (t1, t2, t3, t4) = (
+        triggers.clone(),
+        triggers.clone(),
+        triggers.clone(),
+        triggers.clone(),
     );
-    controller
-        .watches_stream(deploy_stream, move |d| policies_for(&p1, &t1, &d.workload))
-        .watches_stream(sts_stream, move |s| policies_for(&p2, &t2, &s.workload))
+    let namespaced = Controller::for_stream(policy_stream, policies.clone())
+        .watches_stream(deploy_stream, move |d| t1.for_workload(&d.workload))
+        .watches_stream(sts_stream, move |s| t2.for_workload(&s.workload))
         .watches_stream(node_stream, move |_| {
-            p3.state()
+            t3.wake_all_cluster();
+            t3.policies
+                .state()
                 .iter()
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
         .watches_stream(sibling_stream, move |changed: Lenient<SpreadPolicy>| {
-            p4.state()
+            // A SpreadPolicy going away can hand its workloads to a cluster policy.
+            t4.wake_all_cluster();
+            t4.policies
+                .state()
                 .iter()
                 .filter(|p| {
                     p.namespace() == changed.namespace() && p.name_any() != changed.name_any()
@@ -325,25 +333,39 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         })
         .reconcile_on(pod_triggers)
         .with_config(kube::runtime::controller::Config::default().concurrency(4))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile, error_policy, state.clone())
+        .for_each(|_| futures::future::ready(()));
+    let (c1, c2) = (cluster_policies.clone(), cluster_policies.clone());
+    let cluster = Controller::for_stream(cluster_stream, cluster_policies)
+        .watches_stream(ns_stream, move |_| {
+            c1.state()
+                .iter()
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(
+            cluster_sibling_stream,
+            move |changed: Lenient<ClusterSpreadPolicy>| {
+                c2.state()
+                    .iter()
+                    .filter(|p| p.name_any() != changed.name_any())
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .reconcile_on(coalesce(cluster_rx, CLUSTER_COALESCE))
+        .with_config(kube::runtime::controller::Config::default().concurrency(2))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, state)
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        .run(reconcile_cluster, error_policy_cluster, state)
+        .for_each(|_| futures::future::ready(()));
+    futures::join!(namespaced, cluster);
 }
 
 async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Action, Error> {
     st.outcomes
         .run(&key(obj.as_ref()), async {
-            let ready = async {
-                let _ = st.policies.wait_until_ready().await;
-                let _ = st.deployments.wait_until_ready().await;
-                let _ = st.stateful_sets.wait_until_ready().await;
-                let _ = st.nodes.wait_until_ready().await;
-                st.pods.wait_until_ready().await;
-            };
-            if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
-                return Err(Error::CacheNotReady);
-            }
+            st.caches_ready().await?;
             match obj.as_ref() {
                 Lenient::Ok(policy) => sync::sync(&obj, policy, true, &st).await,
                 Lenient::Invalid(inv) => sync::sync_invalid(&obj, inv, &st).await,
@@ -354,4 +376,27 @@ async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Ac
 
 fn error_policy(obj: Arc<Lenient<SpreadPolicy>>, err: &Error, st: Arc<State>) -> Action {
     st.outcomes.on_error(&key(obj.as_ref()), err)
+}
+
+async fn reconcile_cluster(
+    obj: Arc<Lenient<ClusterSpreadPolicy>>,
+    st: Arc<State>,
+) -> Result<Action, Error> {
+    st.cluster_outcomes
+        .run(&key(obj.as_ref()), async {
+            st.caches_ready().await?;
+            match obj.as_ref() {
+                Lenient::Ok(cp) => cluster::sync_cluster(&obj, cp, true, &st).await,
+                Lenient::Invalid(inv) => cluster::sync_invalid(&obj, inv, &st).await,
+            }
+        })
+        .await
+}
+
+fn error_policy_cluster(
+    obj: Arc<Lenient<ClusterSpreadPolicy>>,
+    err: &Error,
+    st: Arc<State>,
+) -> Action {
+    st.cluster_outcomes.on_error(&key(obj.as_ref()), err)
 }

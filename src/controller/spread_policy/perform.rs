@@ -9,11 +9,12 @@ use super::{
     CONTROLLER, State, THROTTLE_RETRY, WRITE_CONCURRENCY, error::Error, plan, rebalance, status,
     write,
 };
-use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use crate::api::spread_policy::WorkloadKind;
 use futures::{StreamExt, stream::FuturesUnordered};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    Api, Resource, ResourceExt,
+    Api,
     api::{DeleteParams, EvictParams, PostParams, Preconditions},
     runtime::events::{Event, EventType},
 };
@@ -22,6 +23,14 @@ use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
+
+/// Whose writes these are: the namespace they go to, the policy's name as workloads' owner
+/// annotation and the tracker know it, and the object its Events are about.
+pub(super) struct Target {
+    pub ns: String,
+    pub name: String,
+    pub reference: ObjectReference,
+}
 
 /// What the writes of one reconcile came to.
 #[derive(Default)]
@@ -62,12 +71,11 @@ async fn write_one<'a>(
 /// workloads are looked up by key, and one Event per outcome sums up the whole batch.
 pub(super) async fn perform(
     st: &State,
-    policy: &SpreadPolicy,
+    target: &Target,
     plan: &plan::Plan,
     workloads: &[Workload],
 ) -> Performed {
-    let ns = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
+    let (ns, name) = (target.ns.clone(), target.name.clone());
     let live: HashMap<(WorkloadKind, &str), &Workload> = workloads
         .iter()
         .map(|w| ((w.kind, w.name.as_str()), w))
@@ -148,11 +156,25 @@ pub(super) async fn perform(
         let single = format!("{terms} term(s) of this policy in the pod template");
         let targets = [applied[0].0.clone()];
         let note = status::written_note(&targets, &single, "");
-        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
+        publish(
+            st,
+            &target.reference,
+            false,
+            status::reason::TERMS_APPLIED,
+            note,
+        )
+        .await;
     } else if !applied.is_empty() {
         let targets: Vec<String> = applied.into_iter().map(|(t, _)| t).collect();
         let note = status::written_note(&targets, "", "now carry this policy's terms");
-        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
+        publish(
+            st,
+            &target.reference,
+            false,
+            status::reason::TERMS_APPLIED,
+            note,
+        )
+        .await;
     }
     if !removed.is_empty() {
         let note = status::written_note(
@@ -160,7 +182,14 @@ pub(super) async fn perform(
             "removed this policy's terms",
             "had this policy's terms removed",
         );
-        publish(st, policy, false, status::reason::TERMS_REMOVED, note).await;
+        publish(
+            st,
+            &target.reference,
+            false,
+            status::reason::TERMS_REMOVED,
+            note,
+        )
+        .await;
     }
     out
 }
@@ -171,7 +200,7 @@ pub(super) fn w_display(kind: WorkloadKind, name: &str) -> String {
 
 pub(super) async fn publish(
     st: &State,
-    policy: &SpreadPolicy,
+    reference: &ObjectReference,
     warning: bool,
     reason: &str,
     note: String,
@@ -187,7 +216,7 @@ pub(super) async fn publish(
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(e) = st.recorder.publish(&ev, &policy.object_ref(&())).await {
+    if let Err(e) = st.recorder.publish(&ev, reference).await {
         tracing::warn!(error = %e, reason, "could not publish event");
     }
 }
@@ -287,10 +316,10 @@ const EVICTION_RETRY: Duration = Duration::from_secs(10);
 /// names each eviction and why.
 pub(super) async fn evict(
     st: &State,
-    policy: &SpreadPolicy,
+    target: &Target,
     evictions: &[(WorkloadKind, String, rebalance::Eviction)],
 ) -> Performed {
-    let ns = policy.namespace().unwrap_or_default();
+    let ns = target.ns.clone();
     // Sent once: a 429 here is the budget's answer, not throttling to wait out.
     let api: Api<Pod> = Api::namespaced(st.ctx.once.clone(), &ns);
     let mut out = Performed::default();
@@ -312,10 +341,10 @@ pub(super) async fn evict(
                     (ns.clone(), *kind, workload.clone()),
                     jiff::Timestamp::now(),
                 );
-                tracing::info!(policy = %policy.name_any(), namespace = %ns, pod = %e.pod, why = %e.why, "evicted to rebalance");
+                tracing::info!(policy = %target.name, namespace = %ns, pod = %e.pod, why = %e.why, "evicted to rebalance");
                 publish(
                     st,
-                    policy,
+                    &target.reference,
                     false,
                     status::reason::POD_EVICTED,
                     e.why.clone(),
@@ -335,7 +364,14 @@ pub(super) async fn evict(
                     "{kind:?}/{workload}: the eviction of pod {} was refused: {}",
                     e.pod, s.message
                 );
-                publish(st, policy, false, status::reason::EVICTION_BLOCKED, note).await;
+                publish(
+                    st,
+                    &target.reference,
+                    false,
+                    status::reason::EVICTION_BLOCKED,
+                    note,
+                )
+                .await;
                 out.throttled = Some(EVICTION_RETRY);
                 break;
             }

@@ -10,7 +10,7 @@ use super::placement::assess;
 use super::pods::PodView;
 use super::rebalance::{self, Eviction};
 use super::scale_down::{CostWrite, cost_writes};
-use super::select::{precedence, selects, validate_selector, winner};
+use super::select::{Governor, precedence, selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
 use super::workload::{Rollout, Workload};
 use crate::api::spread_distribution::SpreadDistribution;
@@ -125,6 +125,11 @@ pub struct Plan {
     pub rebalancing: bool,
     /// How long until the next rebalancing batch may go, when one waits for `minInterval`.
     pub rebalance_wait: Option<std::time::Duration>,
+    /// Template changes this plan makes that start a rollout (they take from the budget).
+    pub budget_used: usize,
+    /// Each governed workload's distribution and how far off it is (what `distribution`
+    /// sums up; a ClusterSpreadPolicy sums them over its namespaces).
+    pub spread: Vec<(crate::api::spread_distribution::WorkloadDistribution, i32)>,
 }
 
 /// How long after its last eviction a workload still counts as being rebalanced, beyond
@@ -133,11 +138,14 @@ pub const REBALANCE_GRACE: std::time::Duration = std::time::Duration::from_secs(
 
 /// What the plan needs to know.
 pub struct Inputs<'a> {
-    pub policy: &'a SpreadPolicy,
-    /// Every policy in the policy's namespace (including itself).
-    pub policies: &'a [std::sync::Arc<SpreadPolicy>],
-    /// Deployments and StatefulSets in the policy's namespace.
+    pub policy: &'a Governor,
+    /// Every policy that applies in the workloads' namespace (including itself).
+    pub policies: &'a [std::sync::Arc<Governor>],
+    /// Deployments and StatefulSets of one namespace.
     pub workloads: &'a [Workload],
+    /// For a ClusterSpreadPolicy planned namespace by namespace: what other namespaces take
+    /// of its `rollout.maxConcurrent` (rolling out there, or written earlier this reconcile).
+    pub budget_used_elsewhere: usize,
     pub nodes: &'a [NodeInfo],
     /// The pods of those workloads.
     pub pods: &'a PodSnapshot,
@@ -168,6 +176,21 @@ fn invalid_reason(policy: &SpreadPolicy) -> Option<String> {
     None
 }
 
+/// Whether `w` is rolling out because of policy `name`: carrying its terms, or still rolling
+/// out a write of ours that took them out.
+pub fn rolling_out_for(
+    name: &str,
+    w: &Workload,
+    unobserved_writes: &BTreeSet<(WorkloadKind, String)>,
+) -> bool {
+    let ours = w.annotations.get(ANNOTATION_POLICY).map(String::as_str) == Some(name)
+        || w.rolling_for.as_deref() == Some(name);
+    !w.deleting
+        && ours
+        && (w.rollout == Rollout::InProgress
+            || unobserved_writes.contains(&(w.kind, w.name.clone())))
+}
+
 /// The deletion costs of the workloads this policy answers for: those it governs (set with
 /// `scaleDown: Balanced`, taken away without), and those nobody governs any more whose pods
 /// still carry ballast's costs — its own former workloads, and, for the first policy of the
@@ -181,7 +204,7 @@ fn deletion_costs(inp: &Inputs, nodes: &Nodes, invalid: bool) -> Vec<PodWrite> {
     let live = inp
         .policies
         .iter()
-        .map(AsRef::as_ref)
+        .map(|p| p.as_ref())
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .min_by(|a, b| precedence(a, b));
     let janitor = live.map_or(deleting, |first| first.name_any() == name);
@@ -230,19 +253,14 @@ pub fn plan(inp: &Inputs) -> Plan {
 
     // A workload being deleted is written nothing and holds up nothing.
     let ours = |w: &Workload| !w.deleting && w.annotations.get(ANNOTATION_POLICY) == Some(&name);
-    // Rolling out because of this policy: carrying its terms, or still
-    // rolling out a write of ours that took them out.
-    let in_flight = |w: &Workload| {
-        (ours(w) || (!w.deleting && w.rolling_for.as_deref() == Some(name.as_str())))
-            && (w.rollout == Rollout::InProgress
-                || inp.unobserved_writes.contains(&(w.kind, w.name.clone())))
-    };
+    let in_flight = |w: &Workload| rolling_out_for(&name, w, inp.unobserved_writes);
     out.in_flight = inp.workloads.iter().filter(|w| in_flight(w)).count();
     let max = policy.spec.rollout.max_concurrent.max(0) as usize;
     let mut budget = if max == 0 {
         usize::MAX
     } else {
         max.saturating_sub(out.in_flight)
+            .saturating_sub(inp.budget_used_elsewhere)
     };
 
     let mut workloads: Vec<&Workload> = inp.workloads.iter().collect();
@@ -259,6 +277,7 @@ pub fn plan(inp: &Inputs) -> Plan {
         let is_winner = selected && governing.is_some_and(|g| g.name_any() == name);
         let status = |state: &str, message: Option<String>| WorkloadStatus {
             kind: w.kind,
+            namespace: policy.is_cluster().then(|| w.namespace.clone()),
             name: w.name.clone(),
             state: state.to_string(),
             message,
@@ -270,9 +289,14 @@ pub fn plan(inp: &Inputs) -> Plan {
         if selected && !is_winner {
             let g = governing.expect("a selected workload has a winner");
             let msg = format!(
-                "{} is governed by SpreadPolicy {} (priority {})",
+                "{}{} is governed by {} (priority {})",
+                if policy.is_cluster() {
+                    format!("{}/", w.namespace)
+                } else {
+                    String::new()
+                },
                 w.display(),
-                g.name_any(),
+                g.display(),
                 g.spec.priority
             );
             out.conflicts.push(msg.clone());
@@ -296,10 +320,7 @@ pub fn plan(inp: &Inputs) -> Plan {
                     if deleting {
                         statuses.push(status(
                             state::HANDING_OVER,
-                            Some(format!(
-                                "waiting for SpreadPolicy {} to take over",
-                                g.name_any()
-                            )),
+                            Some(format!("waiting for {} to take over", g.display())),
                         ));
                     }
                     continue;
@@ -424,6 +445,7 @@ pub fn plan(inp: &Inputs) -> Plan {
                 continue;
             }
             budget -= 1;
+            out.budget_used += 1;
         } else if is_winner {
             // Only the owner annotation changes: the template already has our terms.
             out.applied = out.applied.saturating_add(1);
@@ -454,7 +476,13 @@ pub fn plan(inp: &Inputs) -> Plan {
         .filter(|(d, _)| d.skewed)
         .map(|(d, _)| distribution::skew_message(d))
         .collect();
-    out.distribution = distribution::summarise(spread);
+    if policy.is_cluster() {
+        for (d, _) in spread.iter_mut() {
+            d.namespace = inp.workloads.first().map(|w| w.namespace.clone());
+        }
+    }
+    out.distribution = distribution::summarise(spread.clone());
+    out.spread = spread;
     out.released = !inp.workloads.iter().any(ours)
         || (policy.spec.deletion_policy == DeletionPolicy::Orphan && deleting);
     // Problems first, then by kind and name; bounded.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::controller::spread_policy::select::Governor;
 use crate::controller::spread_policy::workload::Rollout;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -53,8 +54,9 @@ fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
 
 fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
     plan(&Inputs {
-        policy: p,
-        policies: &[Arc::new(p.clone())],
+        policy: &Governor::from(p.clone()),
+        policies: &[Arc::new(Governor::from(p.clone()))],
+        budget_used_elsewhere: 0,
         workloads: ws,
         nodes: &[],
         pods: &PodSnapshot::new(),
@@ -82,8 +84,9 @@ fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
     let mut small = web("c");
     small.replicas = 2;
     let out = plan(&Inputs {
-        policy: &p,
-        policies: &[Arc::new(p.clone())],
+        policy: &Governor::from(p.clone()),
+        policies: &[Arc::new(Governor::from(p.clone()))],
+        budget_used_elsewhere: 0,
         workloads: &[web("a"), big, small],
         nodes: &nodes,
         pods: &PodSnapshot::new(),

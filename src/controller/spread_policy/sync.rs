@@ -4,6 +4,7 @@
 
 use super::feasibility::NodeInfo;
 use super::plan::Inputs;
+use super::select::Governor;
 use super::workload::Workload;
 use super::{FINALIZER, State, error::Error, perform, plan, status};
 use crate::api::spread_policy::{
@@ -20,14 +21,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-async fn set_finalizers(
-    st: &State,
-    obj: &Lenient<SpreadPolicy>,
+/// Sets `obj`'s finalizers through `api` (a stale object is the stale outcome).
+pub(super) async fn set_finalizers<K>(
+    api: &Api<Lenient<K>>,
+    obj: &Lenient<K>,
     finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let api: Api<Lenient<SpreadPolicy>> =
-        Api::namespaced(st.ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    finalizer::set(&api, obj, finalizers)
+) -> Result<(), Error>
+where
+    Lenient<K>: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    finalizer::set(api, obj, finalizers)
         .await
         .map_err(|e| match e {
             finalizer::Error::Stale => Error::Stale,
@@ -75,7 +78,7 @@ pub(super) async fn sync_invalid(
 }
 
 /// The cached Deployments and StatefulSets of `ns`.
-fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
+pub(super) fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
     st.deployments
         .state()
         .iter()
@@ -89,6 +92,128 @@ fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
                 .map(|s| s.workload.clone()),
         )
         .collect()
+}
+
+/// The policies that apply in `ns`: its SpreadPolicies and every ClusterSpreadPolicy, with
+/// `me` (as just read) in place of its cached self.
+pub(super) fn governors_in(st: &State, ns: &str, me: &Governor) -> Vec<Arc<Governor>> {
+    let namespaces = st.namespace_labels();
+    let me_name = me.name_any();
+    let mut out: Vec<Arc<Governor>> = st
+        .policies
+        .state()
+        .iter()
+        .filter_map(|p| p.ok())
+        .filter(|p| p.namespace().as_deref() == Some(ns))
+        .map(|p| Arc::new(Governor::from(p.clone())))
+        .chain(
+            st.cluster_policies
+                .state()
+                .iter()
+                .filter_map(|p| p.ok())
+                .map(|p| Arc::new(Governor::cluster(p, namespaces.clone()))),
+        )
+        .filter(|g| !(g.name_any() == me_name && g.is_cluster() == me.is_cluster()))
+        .collect();
+    out.push(Arc::new(me.clone()));
+    out
+}
+
+pub(super) fn node_infos(st: &State) -> Vec<NodeInfo> {
+    st.nodes
+        .state()
+        .iter()
+        .map(|n| NodeInfo::from_node(n))
+        .collect()
+}
+
+/// One namespace's share of a reconcile.
+pub(super) struct Run {
+    pub plan: plan::Plan,
+    pub outcome: perform::Performed,
+    /// The soonest a rollout under way here stops holding up pacing.
+    pub next_bound: Option<Duration>,
+}
+
+/// Reads, plans and acts for `g` in `target.ns`: the workload writes, the pods' deletion costs
+/// and the evictions.
+pub(super) async fn run_namespace(
+    st: &State,
+    g: &Governor,
+    target: &perform::Target,
+    nodes: &[NodeInfo],
+    budget_used_elsewhere: usize,
+) -> Run {
+    let ns = &target.ns;
+    let mut workloads = workloads_in(st, ns);
+    let seen = st.tracker.lock().expect("not poisoned").observe(
+        ns,
+        &mut workloads,
+        jiff::Timestamp::now(),
+    );
+    let policies = governors_in(st, ns, g);
+    let pods = st
+        .pods
+        .snapshot(ns, workloads.iter().map(|w| (w.kind, w.name.as_str())));
+    let evicted: HashMap<(WorkloadKind, String), jiff::Timestamp> = st
+        .evicted
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .filter(|((n, ..), _)| n == ns)
+        .map(|((_, kind, w), t)| ((*kind, w.clone()), *t))
+        .collect();
+    let plan = plan::plan(&Inputs {
+        policy: g,
+        policies: &policies,
+        workloads: &workloads,
+        budget_used_elsewhere,
+        nodes,
+        pods: &pods,
+        unobserved_writes: &seen.unobserved,
+        evicted: &evicted,
+        now: jiff::Timestamp::now(),
+    });
+    let mut outcome = perform::perform(st, target, &plan, &workloads).await;
+    for more in [
+        perform::perform_pods(st, ns, &target.name, &plan.pod_writes).await,
+        perform::evict(st, target, &plan.evictions).await,
+    ] {
+        outcome.retry_soon |= more.retry_soon;
+        outcome.throttled = outcome.throttled.max(more.throttled);
+        outcome.transient = outcome.transient.or(more.transient);
+    }
+    Run {
+        next_bound: seen.next_bound.filter(|_| plan.waiting > 0),
+        plan,
+        outcome,
+    }
+}
+
+/// When to look again after a reconcile that wrote what it could: the soonest of a throttled
+/// write, a retry, a rollout's bound, the next rebalancing batch and a status write held back;
+/// `None`: when a watch says something changed.
+pub(super) fn next_look(
+    outcome: &perform::Performed,
+    next_bound: Option<Duration>,
+    rebalance_wait: Option<Duration>,
+    status_due: Option<Duration>,
+) -> Option<Duration> {
+    [
+        outcome.throttled,
+        outcome.retry_soon.then_some(Duration::from_secs(1)),
+        // A rollout that stops progressing holds up pacing only until its bound.
+        next_bound.map(|b| b + Duration::from_secs(1)),
+        rebalance_wait.map(|w| w + Duration::from_millis(100)),
+        status_due,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
+fn api_of(st: &State, obj: &Lenient<SpreadPolicy>) -> Api<Lenient<SpreadPolicy>> {
+    Api::namespaced(st.ctx.client.clone(), &obj.namespace().unwrap_or_default())
 }
 
 /// Reconciles `policy` (the object `obj` as read, or a stand-in for one that
@@ -109,64 +234,22 @@ pub(super) async fn sync(
     if !deleting && !has_finalizer {
         let mut f = policy.finalizers().to_vec();
         f.push(FINALIZER.into());
-        set_finalizers(st, obj, f).await?;
+        set_finalizers(&api_of(st, obj), obj, f).await?;
         // The update wakes us again with the finalizer in place.
         return Ok(Action::await_change());
     }
 
-    let mut workloads = workloads_in(st, &ns);
-    let seen = st.tracker.lock().expect("not poisoned").observe(
-        &ns,
-        &mut workloads,
-        jiff::Timestamp::now(),
-    );
-    let mut policies: Vec<Arc<SpreadPolicy>> = st
-        .policies
-        .state()
-        .iter()
-        .filter_map(|p| p.ok())
-        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() != name)
-        .map(|p| Arc::new(p.clone()))
-        .collect();
-    policies.push(Arc::new(policy.clone()));
-    let nodes: Vec<NodeInfo> = st
-        .nodes
-        .state()
-        .iter()
-        .map(|n| NodeInfo::from_node(n))
-        .collect();
-
-    let pods = st
-        .pods
-        .snapshot(&ns, workloads.iter().map(|w| (w.kind, w.name.as_str())));
-    let evicted: HashMap<(WorkloadKind, String), jiff::Timestamp> = st
-        .evicted
-        .lock()
-        .expect("not poisoned")
-        .iter()
-        .filter(|((n, ..), _)| *n == ns)
-        .map(|((_, kind, w), t)| ((*kind, w.clone()), *t))
-        .collect();
-
-    let plan = plan::plan(&Inputs {
-        policy,
-        policies: &policies,
-        workloads: &workloads,
-        nodes: &nodes,
-        pods: &pods,
-        unobserved_writes: &seen.unobserved,
-        evicted: &evicted,
-        now: jiff::Timestamp::now(),
-    });
-    let mut outcome = perform::perform(st, policy, &plan, &workloads).await;
-    let pods_outcome = perform::perform_pods(st, &ns, &name, &plan.pod_writes).await;
-    outcome.retry_soon |= pods_outcome.retry_soon;
-    outcome.throttled = outcome.throttled.max(pods_outcome.throttled);
-    outcome.transient = outcome.transient.or(pods_outcome.transient);
-    let evictions = perform::evict(st, policy, &plan.evictions).await;
-    outcome.retry_soon |= evictions.retry_soon;
-    outcome.throttled = outcome.throttled.max(evictions.throttled);
-    outcome.transient = outcome.transient.or(evictions.transient);
+    let g = Governor::from(policy.clone());
+    let target = perform::Target {
+        ns: ns.clone(),
+        name: name.clone(),
+        reference: policy.object_ref(&()),
+    };
+    let Run {
+        plan,
+        outcome,
+        next_bound,
+    } = run_namespace(st, &g, &target, &node_infos(st), 0).await;
     if !deleting {
         st.ctx
             .metrics
@@ -199,16 +282,10 @@ pub(super) async fn sync(
             for (warning, reason, note) in
                 status::events_for(&old_conditions, &new_status.conditions)
             {
-                perform::publish(st, policy, warning, reason, note).await;
+                perform::publish(st, &target.reference, warning, reason, note).await;
             }
         }
     }
-    // The soonest of `d` and a status write held back.
-    let soonest = |d: Duration| status_due.map_or(d, |s| s.min(d));
-    if let Some(e) = outcome.transient {
-        return Err(e);
-    }
-
     if deleting && plan.released {
         let f: Vec<String> = policy
             .finalizers()
@@ -216,28 +293,13 @@ pub(super) async fn sync(
             .filter(|f| *f != FINALIZER)
             .cloned()
             .collect();
-        set_finalizers(st, obj, f).await?;
+        set_finalizers(&api_of(st, obj), obj, f).await?;
         st.ctx.metrics.set_spread_infeasible(&ns, &name, None);
         tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
         return Ok(Action::await_change());
     }
-    if let Some(delay) = outcome.throttled {
-        return Ok(Action::requeue(soonest(delay)));
-    }
-    if outcome.retry_soon {
-        return Ok(Action::requeue(soonest(Duration::from_secs(1))));
-    }
-    // A rollout that stops progressing holds up pacing only until its bound:
-    // nothing else would wake us then.
-    if let Some(bound) = seen.next_bound.filter(|_| plan.waiting > 0) {
-        return Ok(Action::requeue(soonest(bound + Duration::from_secs(1))));
-    }
-    // The next rebalancing batch waits for minInterval: nothing else would wake us then.
-    if let Some(wait) = plan.rebalance_wait {
-        return Ok(Action::requeue(soonest(wait + Duration::from_millis(100))));
-    }
-    if let Some(due) = status_due {
-        return Ok(Action::requeue(due));
+    if let Some(d) = next_look(&outcome, next_bound, plan.rebalance_wait, status_due) {
+        return Ok(Action::requeue(d));
     }
     // Everything else wakes us through the watches: workload changes (also
     // rollouts finishing, which frees pacing budget), pods, node changes,
