@@ -26,7 +26,24 @@ struct ClusterPolicies {
 
 impl Drop for ClusterPolicies {
     fn drop(&mut self) {
+        // Deleted while the managers still run (they release their namespaces), then whatever
+        // is left of the finalizers goes: a deleted object takes no new finalizer.
         for n in &self.names {
+            let _ = self.c.kubectl(&[
+                "delete",
+                "clusterspreadpolicy",
+                n,
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
+        for n in &self.names {
+            let _ = self.c.kubectl(&[
+                "wait",
+                "--for=delete",
+                &format!("clusterspreadpolicy/{n}"),
+                "--timeout=20s",
+            ]);
             let _ = self.c.kubectl(&[
                 "patch",
                 "clusterspreadpolicy",
@@ -34,13 +51,6 @@ impl Drop for ClusterPolicies {
                 "--type=merge",
                 "-p",
                 r#"{"metadata":{"finalizers":null}}"#,
-            ]);
-            let _ = self.c.kubectl(&[
-                "delete",
-                "clusterspreadpolicy",
-                n,
-                "--ignore-not-found",
-                "--wait=false",
             ]);
         }
     }

@@ -357,10 +357,19 @@ pub(super) async fn sync_cluster(
         };
     }
     if deleting && combined.released {
+        // A manager of every namespace also lets go of the finalizers of namespaces that are
+        // gone (their managers with them), so that the deletion finishes.
+        let existing = st.namespace_labels();
+        let suffix = format!(".ns.{FINALIZER}");
+        let stale = |f: &str| {
+            scope.is_none()
+                && f.strip_suffix(suffix.as_str())
+                    .is_some_and(|ns| !existing.contains_key(ns))
+        };
         let f: Vec<String> = cp
             .finalizers()
             .iter()
-            .filter(|f| **f != fin)
+            .filter(|f| **f != fin && !stale(f))
             .cloned()
             .collect();
         set_finalizers(&api, obj, f).await?;
