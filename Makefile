@@ -112,6 +112,6 @@ deploy: ## Install CRDs, RBAC and the manager (kubectl apply -k config/default)
 
 .PHONY: undeploy
 undeploy: ## Remove what deploy installed: the CRs first (the running manager releases their workloads), the admission gate, then the rest
-	kubectl delete rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev --all --all-namespaces --ignore-not-found --wait --timeout=180s
+	kubectl delete rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev,clusterspreadpolicies.ballast.dev --all --all-namespaces --ignore-not-found --wait --timeout=180s
 	kubectl delete $(ADMISSION_KINDS) -l $(ADMISSION_LABELS) --ignore-not-found
 	kubectl delete -k config/default --ignore-not-found

@@ -1,5 +1,6 @@
 //! `make bench`: how many bytes the manager's watch caches keep for one workload of a
-//! namespace (issue 9: "say in the docs how many bytes one governed workload costs").
+//! namespace (issue 9: "say in the docs how many bytes one governed workload costs"), and for
+//! one pod of a Deployment in the SpreadPolicy controller's pod index (issue 10).
 //!
 //! For each cache, N copies of a real object (`benches/fixtures/`: a Deployment and its
 //! ReplicaSet as the API server returns them, managedFields included) go through the same trim
@@ -10,9 +11,13 @@
 
 use ballast::controller::{
     rollout_strategy::cache::{CachedDeployment, CachedReplicaSet},
-    spread_policy::read::Cached,
+    spread_policy::{
+        pods::{PodIndex, WatchedPod},
+        read::Cached,
+    },
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Resource,
     runtime::{reflector, watcher},
@@ -77,6 +82,56 @@ where
     (bytes as f64 / N as f64, allocs as f64 / N as f64)
 }
 
+/// The pod fixture as pod `i` of Deployment `w<i/3>` (three pods a Deployment), with its own
+/// name, uid, node and ReplicaSet.
+fn pod_copy(fixture: &str, i: usize) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
+    let hash = v["metadata"]["labels"]["pod-template-hash"]
+        .as_str()
+        .expect("a Deployment's pod")
+        .to_string();
+    let rs = format!("w{:05}-{hash}", i / 3);
+    v["metadata"]["name"] = format!("{rs}-{i:05}").into();
+    v["metadata"]["uid"] = format!("00000000-0000-0000-0000-{i:012}").into();
+    v["metadata"]["resourceVersion"] = (100_000 + i).to_string().into();
+    v["metadata"]["ownerReferences"][0]["name"] = rs.into();
+    v["spec"]["nodeName"] = format!("kwok-node-{}", i % 300).into();
+    v
+}
+
+/// Live bytes and allocations per pod filed in the SpreadPolicy controller's [`PodIndex`],
+/// as its watch's first list fills it.
+fn per_pod_in_index(fixture: &str) -> (f64, f64) {
+    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
+    let index = PodIndex::default();
+    index.apply(watcher::Event::Init);
+    for i in 0..N {
+        let pod: WatchedPod = serde_json::from_value(pod_copy(fixture, i)).expect("pod");
+        index.apply(watcher::Event::InitApply(pod));
+    }
+    index.apply(watcher::Event::InitDone);
+    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
+    assert_eq!(index.len(), N);
+    drop(index);
+    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+}
+
+/// The pod as received, in a reflector store (the floor).
+fn per_pod_as_received(fixture: &str) -> (f64, f64) {
+    let (reader, mut writer) = reflector::store::<Pod>();
+    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
+    for i in 0..N {
+        let pod: Pod = serde_json::from_value(pod_copy(fixture, i)).expect("pod");
+        writer.apply_watcher_event(&watcher::Event::Apply(pod));
+    }
+    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
+    assert_eq!(reader.state().len(), N);
+    drop((reader, writer));
+    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+}
+
 fn row(what: &str, (bytes, allocs): (f64, f64)) -> f64 {
     let with_overhead = bytes + 16.0 * allocs;
     println!(
@@ -114,5 +169,18 @@ fn main() {
         "one ungoverned Deployment with one ReplicaSet, both caches: {:.1} KiB ({:.0} MiB at N = 5000)",
         (spread + rollout + rs) / 1024.0,
         (spread + rollout + rs) * 5000.0 / (1024.0 * 1024.0)
+    );
+    let pod_fixture = include_str!("fixtures/pod.json");
+    row(
+        "Pod of a Deployment, as received (floor: no trim)",
+        per_pod_as_received(pod_fixture),
+    );
+    let pod = row(
+        "Pod of a Deployment, SpreadPolicy's pod index (its PodView)",
+        per_pod_in_index(pod_fixture),
+    );
+    println!(
+        "pods of Deployments in the pod index: {pod:.0} B each ({:.1} MiB for 15000 pods, 3 per workload at N = 5000)",
+        pod * 15000.0 / (1024.0 * 1024.0)
     );
 }

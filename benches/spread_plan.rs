@@ -1,11 +1,14 @@
 //! `make bench`: how long the SpreadPolicy decision takes for a policy that
-//! selects 500 Deployments in a namespace of 1000, on a 300-node cluster —
+//! selects 500 Deployments in a namespace of 1000, on a 300-node cluster,
+//! each with 3 running pods (their distribution is part of the decision) —
 //! the pure step that runs on every reconcile. Prints one line per case.
 
 use ballast::api::spread_policy::{SpreadPolicy, WorkloadKind};
 use ballast::controller::spread_policy::{
     feasibility::NodeInfo,
-    plan::{Inputs, plan},
+    plan::{Inputs, PodSnapshot, plan},
+    pods::{Phase, PodView},
+    select::Governor,
     workload::Workload,
 };
 use std::{collections::BTreeSet, hint::black_box, sync::Arc, time::Instant};
@@ -59,6 +62,26 @@ fn nodes(n: usize) -> Vec<NodeInfo> {
         .collect()
 }
 
+/// Three running pods per workload, on nodes next to each other.
+fn pods(ws: &[Workload], nodes: usize) -> PodSnapshot {
+    ws.iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let pods: Vec<PodView> = (0..3)
+                .map(|j| PodView {
+                    name: format!("{}-{j}", w.name).into(),
+                    node: Some(format!("node-{}", (i + j) % nodes).into()),
+                    phase: Phase::Running,
+                    ready: true,
+                    revision: Some("h".into()),
+                    ..Default::default()
+                })
+                .collect();
+            ((w.kind, w.name.clone()), pods.into())
+        })
+        .collect()
+}
+
 fn bench(name: &str, iterations: u32, mut f: impl FnMut()) {
     f(); // warm up
     let start = Instant::now();
@@ -70,27 +93,40 @@ fn bench(name: &str, iterations: u32, mut f: impl FnMut()) {
 }
 
 fn main() {
-    let p = policy();
+    let p = Governor::from(policy());
     let policies = vec![Arc::new(p.clone())];
     let ws = workloads(1000);
     let ns = nodes(300);
     let unobserved = BTreeSet::new();
-    bench("plan: 1000 workloads (500 selected), 300 nodes", 20, || {
-        let out = plan(&Inputs {
-            policy: &p,
-            policies: &policies,
-            workloads: &ws,
-            nodes: &ns,
-            unobserved_writes: &unobserved,
-        });
-        black_box(out);
-    });
+    let pods = pods(&ws, ns.len());
+    bench(
+        "plan: 1000 workloads (500 selected, 3 pods each), 300 nodes",
+        20,
+        || {
+            let out = plan(&Inputs {
+                policy: &p,
+                policies: &policies,
+                budget_used_elsewhere: 0,
+                workloads: &ws,
+                nodes: &ns,
+                pods: &pods,
+                unobserved_writes: &unobserved,
+                evicted: &Default::default(),
+                now: jiff::Timestamp::now(),
+            });
+            black_box(out);
+        },
+    );
     let out = plan(&Inputs {
         policy: &p,
         policies: &policies,
+        budget_used_elsewhere: 0,
         workloads: &ws,
         nodes: &ns,
+        pods: &pods,
         unobserved_writes: &unobserved,
+        evicted: &Default::default(),
+        now: jiff::Timestamp::now(),
     });
     println!(
         "  -> {} writes allowed now by maxConcurrent 5, {} waiting",

@@ -22,7 +22,7 @@ cargo build --bin ballast
 # the revision gate. The CRDs first, so the gate's param kind exists when the policy comes.
 "$KUBECTL" apply --server-side -k config/crd >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s \
-  crd/spreadpolicies.ballast.dev crd/rolloutstrategies.ballast.dev >/dev/null
+  crd/spreadpolicies.ballast.dev crd/rolloutstrategies.ballast.dev crd/clusterspreadpolicies.ballast.dev >/dev/null
 "$KUBECTL" apply --server-side --force-conflicts -k config/local >/dev/null
 # The operator runs as its ServiceAccount, with the RBAC of config/ (and the identity the
 # revision hold exempts), not as the cluster admin.
@@ -40,6 +40,8 @@ contexts: [{name: ballast, context: {cluster: local, user: ballast, namespace: b
 current-context: ballast
 KC
 "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+# examples/cluster-default.yaml is a ClusterSpreadPolicy for the namespaces labelled so.
+"$KUBECTL" label namespace "$NS" ballast.dev/spread-default=zones --overwrite >/dev/null
 "$KUBECTL" apply -n "$NS" -f examples/ >/dev/null
 
 cat <<MSG
@@ -49,6 +51,7 @@ cat <<MSG
 
     export KUBECONFIG=$STATE/kubeconfig PATH=$STATE/bin:\$PATH
     kubectl get spreadpolicies,rolloutstrategies -n $NS
+    kubectl get clusterspreadpolicies               # the cluster default (examples/cluster-default.yaml)
     kubectl get pods -n $NS -o wide -L app        # where the scheduler put them
     kubectl get rolloutstrategies -n $NS -w        # then change an image, e.g.:
     kubectl set image deployment/shop app=registry.example/shop/web:1.1 -n $NS
@@ -57,4 +60,4 @@ cat <<MSG
   Starting the operator (Ctrl-C to stop; 'make cluster-down' removes the cluster).
 
 MSG
-exec target/debug/ballast --kubeconfig "$OPERATOR_KUBECONFIG" --http-addr 127.0.0.1:8080
+exec target/debug/ballast --kubeconfig "$OPERATOR_KUBECONFIG" --http-addr "${BALLAST_HTTP_ADDR:-127.0.0.1:8080}"

@@ -40,6 +40,17 @@ pub fn build(config: Config, metrics: &Metrics, timeout: Duration) -> kube::Resu
         .build())
 }
 
+/// [`build`] without kube's retries: each request is sent once. For the Eviction API, whose 429
+/// means "a PodDisruptionBudget does not allow it now" (kube would retry it for minutes).
+pub fn build_once(
+    mut config: Config,
+    metrics: &Metrics,
+    timeout: Duration,
+) -> kube::Result<Client> {
+    config.default_retry = false;
+    build(config, metrics, timeout)
+}
+
 /// A request that got no complete answer within its deadline.
 #[derive(Debug, thiserror::Error)]
 #[error("the API server did not answer within {0:?}")]

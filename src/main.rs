@@ -133,12 +133,11 @@ async fn main() -> anyhow::Result<()> {
         None => kube::Config::infer().await.map_err(anyhow::Error::from),
     }
     .context("loading the Kubernetes client configuration")?;
-    let client = ballast::client::build(
-        config,
-        &metrics,
-        Duration::from_secs(args.api_timeout_seconds),
-    )
-    .context("building the Kubernetes client")?;
+    let timeout = Duration::from_secs(args.api_timeout_seconds);
+    let once = ballast::client::build_once(config.clone(), &metrics, timeout)
+        .context("building the Kubernetes client")?;
+    let client = ballast::client::build(config, &metrics, timeout)
+        .context("building the Kubernetes client")?;
     let version = client
         .apiserver_version()
         .await
@@ -196,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
 
     let ctx = controller::Context {
         client,
+        once,
         metrics: metrics.clone(),
         namespace: args.watch_namespace,
         health: health.clone(),

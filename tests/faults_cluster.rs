@@ -520,7 +520,7 @@ async fn f6_uninstall_during_pre_hook(c: Cluster) -> Vec<String> {
     let out = tokio::task::spawn_blocking(move || {
         kubectl.kubectl(&[
             "delete",
-            "rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev",
+            "rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev,clusterspreadpolicies.ballast.dev",
             "--all",
             "--all-namespaces",
             "--ignore-not-found",
@@ -542,7 +542,7 @@ async fn f6_uninstall_during_pre_hook(c: Cluster) -> Vec<String> {
     );
     let left = env.c.kubectl(&[
         "get",
-        "rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev",
+        "rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev,clusterspreadpolicies.ballast.dev",
         "--all-namespaces",
         "-o",
         "name",

@@ -723,12 +723,20 @@ async fn kube_lease_manager_keeps_leading_while_cut_off_from_the_api_server() {
 
 /// Granted to the manager for a feature the flows below do not reach, each with that feature.
 /// A rule here must still be granted; a rule granted and neither used nor listed here fails.
-const REQUIRED_BY_FEATURE: &[(&str, &str, &str, &str)] = &[(
-    "events.k8s.io",
-    "events",
-    "patch",
-    "kube-runtime's Recorder sends an Event repeated within its cache time as a series: a patch of the first",
-)];
+const REQUIRED_BY_FEATURE: &[(&str, &str, &str, &str)] = &[
+    (
+        "events.k8s.io",
+        "events",
+        "patch",
+        "kube-runtime's Recorder sends an Event repeated within its cache time as a series: a patch of the first",
+    ),
+    (
+        "",
+        "pods/eviction",
+        "create",
+        "SpreadPolicy rebalance evicts pods of a skewed workload; tests/spread_rebalance.rs runs it under this ClusterRole",
+    ),
+];
 
 /// (group, resource, verb) of every rule in an RBAC YAML file of `config/rbac`.
 fn granted_in(file: &str) -> std::collections::BTreeSet<(String, String, String)> {
@@ -815,6 +823,7 @@ kind: SpreadPolicy
 metadata: {name: db-zones}
 spec:
   selector: {matchLabels: {tier: db}}
+  scaleDown: Balanced
   spread: [{topologyKey: topology.kubernetes.io/zone, mode: Preferred}]
 "#,
     );
@@ -835,8 +844,42 @@ spec:
         },
     )
     .await;
+    // scaleDown: Balanced puts a deletion cost on the Deployment's pod (a pod patch).
+    wait_until("the api pod's deletion cost", Duration::from_secs(60), || async {
+        let out = env.c.kubectl(&[
+            "get", "pods", "-n", &ns, "-l", "app=api", "-o",
+            "jsonpath={.items[*].metadata.annotations.controller\\.kubernetes\\.io/pod-deletion-cost}",
+        ]);
+        (String::from_utf8_lossy(&out.stdout).trim() == "-1").then_some(())
+    })
+    .await;
     env.c
         .kubectl_ok(&["delete", "spol", "db-zones", "-n", &ns, "--timeout=60s"]);
+
+    // ClusterSpreadPolicy: its finalizer and status (patches), then deleted.
+    let cspol = format!("rbac-{}", support::random_suffix());
+    env.c.kubectl_ok(&[
+        "label",
+        "namespace",
+        &ns,
+        &format!("ballast.dev/test-rbac={cspol}"),
+    ]);
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: ClusterSpreadPolicy\nmetadata: {{name: {cspol}}}\nspec:\n  namespaceSelector: {{matchLabels: {{ballast.dev/test-rbac: {cspol}}}}}\n  selector: {{matchLabels: {{tier: db}}}}\n  spread: [{{topologyKey: kubernetes.io/hostname, mode: Preferred}}]\n"
+    ));
+    wait_until(
+        "the cluster policy applied",
+        Duration::from_secs(60),
+        || async {
+            let out = env
+                .c
+                .kubectl(&["get", "cspol", &cspol, "-o", "jsonpath={.status.applied}"]);
+            (String::from_utf8_lossy(&out.stdout).trim() == "2").then_some(())
+        },
+    )
+    .await;
+    env.c
+        .kubectl_ok(&["delete", "cspol", &cspol, "--timeout=60s"]);
 
     // RolloutStrategy: a failing pre hook (its log is read), ignored, over two revisions, so
     // that the first revision's Job is pruned; then the strategy is deleted.

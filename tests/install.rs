@@ -383,7 +383,7 @@ fn wait_gone(c: &Cluster, objects: &[(String, Option<String>)], what: &str) {
 fn delete_crs_and_gate(c: &Cluster) {
     c.kubectl_ok(&[
         "delete",
-        "rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev",
+        "rolloutstrategies.ballast.dev,spreadpolicies.ballast.dev,clusterspreadpolicies.ballast.dev",
         "--all",
         "--all-namespaces",
         "--ignore-not-found",
@@ -429,6 +429,7 @@ async fn installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their
         "--timeout=60s",
         "crd/spreadpolicies.ballast.dev",
         "crd/rolloutstrategies.ballast.dev",
+        "crd/clusterspreadpolicies.ballast.dev",
     ]);
     // Applying it again changes nothing.
     let again = c.kubectl_ok(&["apply", "--server-side", "-f", file_s]);
@@ -490,6 +491,7 @@ async fn installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their
         "crd",
         "spreadpolicies.ballast.dev",
         "rolloutstrategies.ballast.dev",
+        "clusterspreadpolicies.ballast.dev",
     ]);
     c.kubectl_ok(&["delete", "namespace", "ballast-system", "--wait"]);
     wait_gone(&c, &chart_objects, "after helm uninstall");

@@ -305,6 +305,10 @@ async fn topology_spread_with_max_skew_one_places_six_replicas_two_per_zone() {
     assert_eq!(tsc[0]["whenUnsatisfiable"], "DoNotSchedule");
     assert_eq!(tsc[0]["maxSkew"], 1);
     assert_eq!(tsc[0]["matchLabelKeys"], json!(["pod-template-hash"]));
+    assert_eq!(
+        (&tsc[0]["nodeAffinityPolicy"], &tsc[0]["nodeTaintsPolicy"]),
+        (&json!("Honor"), &json!("Honor"))
+    );
     wait_deployment(&c, &ns.name, "web", "the rollout", rolled_out).await;
     wait_spread(
         &c,

@@ -22,6 +22,9 @@ pub const CONDITION_PROGRESSING: &str = "Progressing";
 pub const CONDITION_CONFLICTED: &str = "Conflicted";
 /// Condition type (SpreadPolicy): a `Required` term asks for more domains than exist.
 pub const CONDITION_INFEASIBLE: &str = "Infeasible";
+/// Condition type (SpreadPolicy): running pods of a governed workload are spread more unevenly
+/// than the policy asks (after an outage, say).
+pub const CONDITION_SKEWED: &str = "Skewed";
 /// Condition type (RolloutStrategy): the current revision failed.
 pub const CONDITION_FAILED: &str = "Failed";
 

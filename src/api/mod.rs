@@ -4,10 +4,15 @@
 //!
 //! `///` comments on fields are user documentation: `kubectl explain` prints them.
 
+pub mod cluster_spread_policy;
 pub mod common;
 pub mod rollout_strategy;
+pub mod spread_distribution;
 pub mod spread_policy;
 
+pub use cluster_spread_policy::{
+    ClusterSpreadPolicy, ClusterSpreadPolicySpec, ClusterSpreadPolicyStatus,
+};
 pub use common::{GROUP, VERSION};
 pub use rollout_strategy::{
     ApprovalGate, ContainerHook, FailurePolicy, Gate, Hook, HookAction, HookPhase, HookPoint,
@@ -28,7 +33,11 @@ const GENERATED_HEADER: &str =
 
 /// The CustomResourceDefinitions of both kinds.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![SpreadPolicy::crd(), RolloutStrategy::crd()]
+    vec![
+        SpreadPolicy::crd(),
+        RolloutStrategy::crd(),
+        ClusterSpreadPolicy::crd(),
+    ]
 }
 
 /// The CRD manifests as `(file name, YAML text)`, e.g. `ballast.dev_spreadpolicies.yaml`.
@@ -69,16 +78,21 @@ mod tests {
             [
                 "ballast.dev_spreadpolicies.yaml",
                 "ballast.dev_rolloutstrategies.yaml",
+                "ballast.dev_clusterspreadpolicies.yaml",
                 "kustomization.yaml",
             ]
         );
     }
 
     #[test]
-    fn crds_are_namespaced_with_short_names_category_and_status() {
-        for (crd, short) in crds().iter().zip(["spol", "rost"]) {
+    fn crds_are_scoped_with_short_names_category_and_status() {
+        for (crd, (short, scope)) in crds().iter().zip([
+            ("spol", "Namespaced"),
+            ("rost", "Namespaced"),
+            ("cspol", "Cluster"),
+        ]) {
             assert_eq!(crd.spec.group, GROUP);
-            assert_eq!(crd.spec.scope, "Namespaced");
+            assert_eq!(crd.spec.scope, scope);
             assert_eq!(
                 crd.spec.names.short_names.as_deref(),
                 Some(&[short.to_owned()][..])
@@ -103,9 +117,22 @@ mod tests {
                 .map(|c| (c.name.to_uppercase(), c.json_path.clone()))
                 .collect()
         };
-        let [spol, rost] = &crds()[..] else {
-            panic!("two CRDs")
+        let [spol, rost, cspol] = &crds()[..] else {
+            panic!("three CRDs")
         };
+        let names: Vec<String> = columns(cspol).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "NAMESPACES",
+                "MATCHED",
+                "APPLIED",
+                "READY",
+                "INFEASIBLE",
+                "AGE",
+                "MESSAGE"
+            ]
+        );
         assert_eq!(
             columns(spol),
             [

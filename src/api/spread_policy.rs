@@ -4,14 +4,16 @@
 //! CEL) is declared here, so the controller only ever sees specs that make sense.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{
-    LABEL_KEY_MAX_LENGTH, LABEL_KEY_PATTERN, conditions_schema, label_selector_schema,
-    unwrap_descriptions,
+    LABEL_KEY_MAX_LENGTH, LABEL_KEY_PATTERN, conditions_schema, int_or_string_schema,
+    label_selector_schema, unwrap_descriptions,
 };
+use super::spread_distribution::SpreadDistribution;
 
 /// Most per-workload entries kept in `status.workloads`.
 pub const MAX_WORKLOAD_STATUSES: usize = 50;
@@ -137,6 +139,113 @@ pub struct SpreadPolicySpec {
     /// exactly the operator's terms out of each workload; `Orphan` leaves them in place.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// How a governed Deployment loses pods when it is scaled down. `Default`: the ReplicaSet
+    /// controller's own order, which ignores domains (it may empty the emptiest zone first).
+    /// `Balanced`: the operator keeps `controller.kubernetes.io/pod-deletion-cost` on the pods
+    /// so that the most crowded domain of the first spread term loses pods first. StatefulSets
+    /// always remove their highest ordinal and are not affected.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub scale_down: ScaleDown,
+
+    /// Moves running pods back into an even spread when a better placement becomes possible
+    /// (a zone back after an outage): pods of the most crowded domains are evicted through the
+    /// Eviction API, which honours PodDisruptionBudgets, one batch at a time, and the scheduler
+    /// places their replacements. Only for `Required` `TopologySpread` terms, where the
+    /// scheduler cannot put a replacement back where it was. Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<Rebalance>,
+}
+
+/// How rebalancing evicts.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rebalance {
+    /// How many of a workload's replicas may be unavailable while it is rebalanced: a count
+    /// (at least 1) or a percent of `spec.replicas` (rounded down, at least 1 pod). Pods are
+    /// evicted only while fewer than this are unavailable, so availability never drops below
+    /// the replicas minus this. Default 1.
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(schema_with = "int_or_string_schema")]
+    #[x_kube(
+        validation = Rule::new("type(self) == int ? (self >= 1 && self <= 1000000) : self.matches('^([1-9][0-9]?|100)%$')")
+            .message("maxUnavailable must be a count from 1 to 1000000 or a percent from 1% to 100%")
+    )]
+    pub max_unavailable: IntOrString,
+
+    /// Least time between two batches of evictions of one workload, as a duration such as
+    /// `30s`, `5m` or `1h30m`, from 1s to 24h. Default `30s`.
+    #[serde(default = "default_min_interval")]
+    #[schemars(length(min = 2, max = 16), pattern(r"^([0-9]{1,5}(h|m|s))+$"))]
+    #[x_kube(
+        validation = Rule::new("!self.matches('^([0-9]{1,5}(h|m|s))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))")
+            .message("minInterval must be from 1s to 24h")
+    )]
+    pub min_interval: String,
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+fn default_min_interval() -> String {
+    "30s".into()
+}
+
+impl Rebalance {
+    /// `maxUnavailable` for a workload of `replicas`: at least 1.
+    pub fn max_unavailable_of(&self, replicas: i32) -> i32 {
+        match &self.max_unavailable {
+            IntOrString::Int(n) => (*n).max(1),
+            IntOrString::String(s) => {
+                let percent: i64 = s
+                    .strip_suffix('%')
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                i32::try_from(percent.clamp(0, 100) * i64::from(replicas.max(0)) / 100)
+                    .unwrap_or(i32::MAX)
+                    .max(1)
+            }
+        }
+    }
+
+    /// `minInterval` as a duration (the schema's pattern; 30 s if it cannot be read).
+    pub fn min_interval(&self) -> std::time::Duration {
+        parse_duration(&self.min_interval).unwrap_or(std::time::Duration::from_secs(30))
+    }
+}
+
+/// `1h30m`, `45s`: hours, minutes and seconds, as the schema's pattern allows.
+pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for ch in s.chars() {
+        if ch.is_ascii_digit() {
+            digits.push(ch);
+            continue;
+        }
+        let n: u64 = digits.parse().ok()?;
+        digits.clear();
+        total = total.checked_add(n.checked_mul(match ch {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        })?)?;
+    }
+    (digits.is_empty() && !s.is_empty()).then(|| std::time::Duration::from_secs(total))
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// How a governed Deployment loses pods on scale-down: `Default` or `Balanced`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ScaleDown {
+    #[default]
+    Default,
+    Balanced,
 }
 
 fn default_kinds() -> Vec<WorkloadKind> {
@@ -330,8 +439,8 @@ pub struct SpreadPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready`, `Progressing`, `Conflicted` and `Infeasible`. `lastTransitionTime` moves only
-    /// when a condition's status changes.
+    /// `Ready`, `Progressing`, `Conflicted`, `Infeasible` and `Skewed`. `lastTransitionTime`
+    /// moves only when a condition's status changes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -352,6 +461,12 @@ pub struct SpreadPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub workloads: Vec<WorkloadStatus>,
+
+    /// Where the governed workloads' pods run: pods per domain at each level of the policy,
+    /// the skew, and Pending pods with the scheduler's reasons. Updated at most every few
+    /// seconds while pods come and go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<SpreadDistribution>,
 }
 
 /// Domain counts for one topology key.
@@ -377,6 +492,9 @@ pub struct TopologyDomains {
 pub struct WorkloadStatus {
     /// `Deployment` or `StatefulSet`.
     pub kind: WorkloadKind,
+    /// Namespace of the workload (ClusterSpreadPolicy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// Name of the workload in this namespace.
     pub name: String,
     /// Short CamelCase state, e.g. `Applied`, `Pending`, `RollingOut`, `Conflicted`,
@@ -392,6 +510,7 @@ pub struct WorkloadStatus {
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
+    use std::time::Duration;
 
     /// The SpreadPolicy example of DESIGN.md, verbatim.
     const DESIGN_EXAMPLE: &str = r#"
@@ -557,6 +676,25 @@ spec:
             spread["minDomains"]["maximum"].as_f64(),
             Some(f64::from(MAX_COUNT))
         );
+    }
+
+    #[test]
+    fn rebalance_defaults_to_one_pod_every_30_seconds_and_reads_percents_and_durations() {
+        let r: Rebalance = serde_yaml::from_str("{}").unwrap();
+        assert_eq!(
+            (r.max_unavailable_of(9), r.min_interval()),
+            (1, Duration::from_secs(30))
+        );
+        let r: Rebalance =
+            serde_yaml::from_str("{maxUnavailable: 25%, minInterval: 1h2m3s}").unwrap();
+        assert_eq!(r.max_unavailable_of(9), 2);
+        assert_eq!(r.max_unavailable_of(2), 1, "at least one");
+        assert_eq!(r.min_interval(), Duration::from_secs(3723));
+        assert_eq!(parse_duration("5x"), None);
+        assert_eq!(parse_duration("5"), None);
+        let spec = &schema()["properties"]["spec"]["properties"]["rebalance"]["properties"];
+        assert_eq!(spec["minInterval"]["default"], "30s");
+        assert_eq!(spec["maxUnavailable"]["default"], 1);
     }
 
     #[test]

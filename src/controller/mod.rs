@@ -33,6 +33,9 @@ pub type ShutdownSignal = Shared<BoxFuture<'static, ()>>;
 #[derive(Clone)]
 pub struct Context {
     pub client: Client,
+    /// The same client without kube's retries of 429/503/504, for the requests whose 429 is an
+    /// answer rather than throttling: an eviction a PodDisruptionBudget refuses.
+    pub once: Client,
     pub metrics: Metrics,
     /// Restricts the controllers to one namespace (`--watch-namespace`);
     /// `None` watches all namespaces.
@@ -137,10 +140,27 @@ where
         + DeserializeOwned
         + Debug,
 {
-    let meta = &obj.metadata;
-    let (Some(name), Some(ns)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
+    let Some(ns) = obj.metadata.namespace.as_deref() else {
         return Ok(());
     };
+    report_invalid_in::<K>(Api::namespaced(client.clone(), ns), recorder, manager, obj).await
+}
+
+/// [`report_invalid`] through `api`: also for cluster-scoped kinds.
+pub async fn report_invalid_in<K>(
+    api: Api<K>,
+    recorder: &events::Publisher,
+    manager: &str,
+    obj: &Invalid,
+) -> kube::Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let meta = &obj.metadata;
+    let Some(name) = meta.name.as_deref() else {
+        return Ok(());
+    };
+    let ns = meta.namespace.as_deref();
     let message = format!(
         "ballast cannot read this object, so it does nothing for it: {}. Fix the spec (kubectl edit) or delete it.",
         obj.error
@@ -168,8 +188,7 @@ where
     if !changed {
         return Ok(());
     }
-    tracing::warn!(kind = %K::kind(&()), namespace = ns, name, error = %obj.error, "cannot read a stored object; reported on it");
-    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    tracing::warn!(kind = %K::kind(&()), namespace = ?ns, name, error = %obj.error, "cannot read a stored object; reported on it");
     // A merge patch of the conditions alone: an apply of a partial status would drop the
     // progress the readable object had recorded.
     let patch = serde_json::json!({"status": {"conditions": conditions}});
@@ -182,7 +201,7 @@ where
         api_version: Some(K::api_version(&()).into_owned()),
         kind: Some(K::kind(&()).into_owned()),
         name: Some(name.to_string()),
-        namespace: Some(ns.to_string()),
+        namespace: ns.map(str::to_string),
         uid: meta.uid.clone(),
         ..Default::default()
     };

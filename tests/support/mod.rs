@@ -10,6 +10,7 @@
 pub mod faults;
 pub mod proxy;
 pub mod rollout;
+pub mod spread;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
@@ -270,6 +271,7 @@ impl Cluster {
                 "--timeout=60s",
                 "crd/spreadpolicies.ballast.dev",
                 "crd/rolloutstrategies.ballast.dev",
+                "crd/clusterspreadpolicies.ballast.dev",
             ]);
             // The API server takes up admission policies within a second.
             std::thread::sleep(Duration::from_secs(2));

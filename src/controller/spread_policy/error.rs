@@ -15,6 +15,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("writing pod {pod}: {source}")]
+    PodWrite {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("updating status: {0}")]
     Status(#[source] kube::Error),
     #[error("reporting an unreadable policy: {0}")]
@@ -28,6 +34,7 @@ impl Error {
             Error::Stale => "Stale",
             Error::Finalizer(_) => "FinalizerUpdateFailed",
             Error::Write { .. } => "WriteFailed",
+            Error::PodWrite { .. } => "PodWriteFailed",
             Error::Status(_) => "StatusUpdateFailed",
             Error::ReportInvalid(_) => "ReportInvalidFailed",
         }

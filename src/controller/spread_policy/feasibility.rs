@@ -1,18 +1,17 @@
-//! Telling the truth about feasibility: how many failure domains of each
-//! topology key exist among the nodes a workload can schedule on, and how
-//! many of its pods a `Required` spread leaves Pending. Pure.
+//! The scheduler's view of the nodes, for telling the truth about feasibility: which nodes a
+//! workload's pods may run on at all, and how many failure domains of a topology key those
+//! nodes make. Pure. What the scheduler then does with the pods is [`super::placement`].
 //!
-//! Mirrors the scheduler's filters that matter here: a node counts when it
-//! is Ready, not cordoned, every NoSchedule/NoExecute taint on it is
-//! tolerated, and it satisfies the workload's nodeSelector and required node
-//! affinity. For required pod anti-affinity a node *without* the topology
-//! label is unconstrained (the scheduler lets any number of pods land
-//! there), so it makes the spread meaningless rather than infeasible: that
-//! is reported as a warning. Topology spread constraints with DoNotSchedule
-//! only ever use nodes that carry the label.
+//! A node takes a pod when the filters that do not depend on other pods pass, as the
+//! scheduler's plugins have them: NodeUnschedulable (a cordoned node only takes pods that
+//! tolerate `node.kubernetes.io/unschedulable:NoSchedule`), TaintToleration (every `NoSchedule`
+//! and `NoExecute` taint tolerated) and NodeAffinity (the nodeSelector and the required node
+//! affinity). A node that is not Ready counts as taking nothing: its controller taints it
+//! `node.kubernetes.io/not-ready:NoSchedule`, which pods do not tolerate by default.
+//! Node capacity (CPU, memory, the pod count) is not assessed.
 
 use super::workload::Workload;
-use crate::api::spread_policy::{Method, Mode, SpreadPolicySpec};
+use crate::api::spread_policy::SpreadPolicySpec;
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Taint, Toleration};
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -44,16 +43,57 @@ impl NodeInfo {
         }
     }
 
-    /// Ready, not cordoned, and no taint that keeps `tolerations` out.
+    /// Ready, and neither a cordon nor a taint keeps `tolerations` out: the scheduler's
+    /// NodeUnschedulable and TaintToleration filters.
     pub fn schedulable_with(&self, tolerations: &[Toleration]) -> bool {
-        self.ready
-            && !self.unschedulable
-            && self
-                .taints
-                .iter()
-                .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-                .all(|t| tolerations.iter().any(|tol| tolerates(tol, t)))
+        self.ready && self.cordon_tolerated(tolerations) && self.taints_tolerated(tolerations)
     }
+
+    /// Whether the node is not cordoned, or `tolerations` let a pod onto it anyway.
+    pub fn cordon_tolerated(&self, tolerations: &[Toleration]) -> bool {
+        !self.unschedulable
+            || tolerations
+                .iter()
+                .any(|tol| tolerates(tol, &unschedulable_taint()))
+    }
+
+    /// Whether every `NoSchedule` and `NoExecute` taint of the node is tolerated: the rule of
+    /// the TaintToleration filter, and of `nodeTaintsPolicy: Honor` in topology spread.
+    pub fn taints_tolerated(&self, tolerations: &[Toleration]) -> bool {
+        self.taints
+            .iter()
+            .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+            .all(|t| tolerations.iter().any(|tol| tolerates(tol, t)))
+    }
+}
+
+/// The taint the node lifecycle controller puts on a cordoned node; the NodeUnschedulable
+/// filter lets through the pods that tolerate it.
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+fn unschedulable_taint() -> Taint {
+    Taint {
+        key: UNSCHEDULABLE_TAINT.into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    }
+}
+
+/// Whether `w`'s pods may run on `node` at all, whatever other pods do: Ready, the cordon
+/// and every taint tolerated, the nodeSelector and required node affinity matched.
+pub fn feasible(w: &Workload, node: &NodeInfo) -> bool {
+    node.schedulable_with(&w.tolerations) && node_selected(w, node)
+}
+
+/// Whether `node` counts as a domain of a topology spread constraint ballast writes
+/// (`nodeAffinityPolicy` and `nodeTaintsPolicy` both `Honor`): the nodeSelector and required
+/// node affinity match, and every NoSchedule/NoExecute taint is tolerated. A cordoned node
+/// carries the unschedulable taint (its controller sets it), so it is out unless tolerated;
+/// a cordon whose taint is not set yet is treated the same.
+pub fn spread_eligible(w: &Workload, node: &NodeInfo) -> bool {
+    node_selected(w, node)
+        && node.taints_tolerated(&w.tolerations)
+        && node.cordon_tolerated(&w.tolerations)
 }
 
 /// The scheduler's toleration rule.
@@ -179,98 +219,18 @@ pub fn topology_keys(spec: &SpreadPolicySpec) -> Vec<String> {
     keys
 }
 
-/// A `Required` spread that cannot place every replica.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Shortfall {
-    pub replicas: i32,
-    pub domains: i32,
-    pub topology_key: String,
-    pub pending: i32,
-}
-
-/// What the nodes say about one workload under one policy.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Feasibility {
-    pub shortfalls: Vec<Shortfall>,
-    /// Human-readable warnings (nodes without the topology label).
-    pub warnings: Vec<String>,
-}
-
-/// Checks each `spread` entry of `spec` against the nodes `w` can use.
-pub fn assess(spec: &SpreadPolicySpec, w: &Workload, nodes: &[NodeInfo]) -> Feasibility {
-    let eligible: Vec<&NodeInfo> = nodes
-        .iter()
-        .filter(|n| n.schedulable_with(&w.tolerations) && node_selected(w, n))
-        .collect();
-    let mut f = Feasibility::default();
-    let mut warned = BTreeSet::new();
-    for s in &spec.spread {
-        let count = count_domains(&s.topology_key, eligible.iter().copied());
-        if count.nodes_missing_label > 0 && warned.insert(s.topology_key.clone()) {
-            f.warnings.push(format!(
-                "{}: {} of {} schedulable nodes lack the label {}",
-                w.name, count.nodes_missing_label, count.nodes, s.topology_key
-            ));
-        }
-        if s.mode != Mode::Required {
-            continue;
-        }
-        let capacity = match s.method {
-            // Unlabelled nodes take any number of pods.
-            Method::AntiAffinity if count.nodes_missing_label > 0 => None,
-            Method::AntiAffinity => Some(count.domains),
-            Method::TopologySpread => {
-                let min = s.min_domains.unwrap_or(1);
-                // Below minDomains the global minimum counts as 0, so each
-                // domain holds at most maxSkew pods. Saturating: maxSkew and the
-                // domain count are each bounded, their product need not fit.
-                if count.domains == 0 {
-                    Some(0)
-                } else if count.domains < min {
-                    Some(count.domains.saturating_mul(s.effective_max_skew()))
-                } else {
-                    None
-                }
-            }
-        };
-        if let Some(cap) = capacity
-            && w.replicas > cap
-        {
-            f.shortfalls.push(Shortfall {
-                replicas: w.replicas,
-                domains: count.domains,
-                topology_key: s.topology_key.clone(),
-                pending: w.replicas.saturating_sub(cap),
-            });
-        }
-    }
-    f
-}
-
-impl Shortfall {
-    /// `web: 5 replicas, 3 domains of topology.kubernetes.io/zone: 2 pods will stay Pending`
-    pub fn message(&self, workload: &str) -> String {
-        format!(
-            "{workload}: {} replicas, {} domains of {}: {} {} will stay Pending",
-            self.replicas,
-            self.domains,
-            self.topology_key,
-            self.pending,
-            if self.pending == 1 { "pod" } else { "pods" }
-        )
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::spread_policy::WorkloadKind;
-    use serde_json::json;
 
-    fn node(name: &str, zone: Option<&str>) -> NodeInfo {
-        let mut labels = BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())]);
+    pub(crate) const ZONE: &str = "topology.kubernetes.io/zone";
+    pub(crate) const HOST: &str = "kubernetes.io/hostname";
+
+    pub(crate) fn node(name: &str, zone: Option<&str>) -> NodeInfo {
+        let mut labels = BTreeMap::from([(HOST.to_string(), name.to_string())]);
         if let Some(z) = zone {
-            labels.insert("topology.kubernetes.io/zone".into(), z.into());
+            labels.insert(ZONE.into(), z.into());
         }
         NodeInfo {
             name: name.into(),
@@ -280,7 +240,8 @@ mod tests {
         }
     }
 
-    fn three_zones() -> Vec<NodeInfo> {
+    /// Zones a, b and c with nodes a0, a1, b0, b1, c0, c1.
+    pub(crate) fn three_zones() -> Vec<NodeInfo> {
         ["a", "b", "c"]
             .iter()
             .flat_map(|z| {
@@ -292,136 +253,93 @@ mod tests {
             .collect()
     }
 
-    fn spec(v: serde_json::Value) -> SpreadPolicySpec {
-        serde_json::from_value(json!({"selector": {"matchLabels": {"a": "b"}}, "spread": v}))
-            .unwrap()
+    pub(crate) fn taint(key: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }
     }
 
-    fn web(replicas: i32) -> Workload {
+    pub(crate) fn tolerate(key: &str) -> Toleration {
+        Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }
+    }
+
+    fn web() -> Workload {
         Workload {
             kind: WorkloadKind::Deployment,
             name: "web".into(),
-            replicas,
             ..Default::default()
         }
     }
 
-    const ZONE: &str = "topology.kubernetes.io/zone";
-
     #[test]
-    fn more_replicas_than_zones_leaves_the_difference_pending() {
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
-        let f = assess(&s, &web(5), &three_zones());
-        assert_eq!(f.shortfalls.len(), 1);
-        assert_eq!(
-            f.shortfalls[0].message("web"),
-            "web: 5 replicas, 3 domains of topology.kubernetes.io/zone: 2 pods will stay Pending"
-        );
+    fn a_cordoned_node_takes_only_pods_that_tolerate_the_cordon() {
+        let mut n = node("a0", Some("a"));
+        n.unschedulable = true;
+        let mut w = web();
+        assert!(!feasible(&w, &n));
+        assert!(!spread_eligible(&w, &n), "a cordon counts as its taint");
+        w.tolerations = vec![tolerate(UNSCHEDULABLE_TAINT)];
+        assert!(feasible(&w, &n));
+        assert!(spread_eligible(&w, &n));
     }
 
     #[test]
-    fn as_many_replicas_as_zones_is_feasible() {
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
-        assert!(assess(&s, &web(3), &three_zones()).shortfalls.is_empty());
+    fn a_node_that_is_not_ready_takes_nothing_but_still_counts_as_a_domain_until_tainted() {
+        let mut n = node("a0", Some("a"));
+        n.ready = false;
+        assert!(!feasible(&web(), &n));
+        // Topology spread looks at taints only; the not-ready taint takes it out.
+        assert!(spread_eligible(&web(), &n));
+        n.taints = vec![taint("node.kubernetes.io/not-ready")];
+        assert!(!spread_eligible(&web(), &n));
     }
 
     #[test]
-    fn preferred_spread_is_never_infeasible() {
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Preferred"}]));
-        assert!(assess(&s, &web(50), &three_zones()).shortfalls.is_empty());
-    }
-
-    #[test]
-    fn cordoned_not_ready_and_tainted_nodes_do_not_count() {
-        let mut nodes = three_zones();
-        for n in nodes.iter_mut().filter(|n| n.name.starts_with('c')) {
-            n.unschedulable = true;
-        }
-        nodes[2].ready = false; // b0
-        nodes[3].taints = vec![Taint {
-            key: "dedicated".into(),
-            effect: "NoSchedule".into(),
-            ..Default::default()
-        }]; // b1
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
-        let f = assess(&s, &web(3), &nodes);
-        assert_eq!(f.shortfalls[0].domains, 1);
-        assert_eq!(f.shortfalls[0].pending, 2);
-        // Tolerating the taint brings zone b back.
-        let mut w = web(3);
-        w.tolerations = vec![Toleration {
-            key: Some("dedicated".into()),
-            operator: Some("Exists".into()),
-            ..Default::default()
+    fn prefer_no_schedule_taints_keep_nothing_out() {
+        let mut n = node("a0", Some("a"));
+        n.taints = vec![Taint {
+            effect: "PreferNoSchedule".into(),
+            ..taint("soft")
         }];
-        assert_eq!(assess(&s, &w, &nodes).shortfalls[0].domains, 2);
+        assert!(feasible(&web(), &n));
+        assert!(spread_eligible(&web(), &n));
     }
 
     #[test]
-    fn node_affinity_narrows_the_domains() {
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
-        let mut w = web(2);
-        w.affinity = serde_json::from_value(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [{"key": ZONE, "operator": "NotIn", "values": ["a", "b"]}]}]}}}))
+    fn node_selector_and_required_node_affinity_both_narrow_the_nodes() {
+        let nodes = three_zones();
+        let mut w = web();
+        w.node_selector = BTreeMap::from([(ZONE.to_string(), "a".to_string())]);
+        let names: Vec<&str> = nodes
+            .iter()
+            .filter(|n| feasible(&w, n))
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(names, ["a0", "a1"]);
+        let mut w = web();
+        w.affinity = serde_json::from_value(serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": ZONE, "operator": "NotIn", "values": ["a", "b"]}]},
+                                  {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a1"]}]}]}}}))
         .unwrap();
-        let f = assess(&s, &w, &three_zones());
-        assert_eq!((f.shortfalls[0].domains, f.shortfalls[0].pending), (1, 1));
-        let mut pinned = web(2);
-        pinned.node_selector = BTreeMap::from([(ZONE.to_string(), "a".to_string())]);
-        assert_eq!(
-            assess(&s, &pinned, &three_zones()).shortfalls[0].message("web"),
-            "web: 2 replicas, 1 domains of topology.kubernetes.io/zone: 1 pod will stay Pending"
-        );
-    }
-
-    #[test]
-    fn unlabelled_nodes_make_anti_affinity_unbounded_and_are_warned_about() {
-        let mut nodes = three_zones();
-        nodes.push(node("bare", None));
-        let s = spec(json!([{"topologyKey": ZONE, "mode": "Required"}]));
-        let f = assess(&s, &web(10), &nodes);
-        assert!(f.shortfalls.is_empty());
-        assert_eq!(
-            f.warnings,
-            vec!["web: 1 of 7 schedulable nodes lack the label topology.kubernetes.io/zone"]
-        );
-    }
-
-    #[test]
-    fn topology_spread_below_min_domains_caps_each_domain_at_max_skew() {
-        let s = spec(
-            json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread", "maxSkew": 1, "minDomains": 4}]),
-        );
-        let f = assess(&s, &web(5), &three_zones());
-        assert_eq!((f.shortfalls[0].domains, f.shortfalls[0].pending), (3, 2));
-        let enough =
-            spec(json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread"}]));
-        assert!(
-            assess(&enough, &web(50), &three_zones())
-                .shortfalls
-                .is_empty()
-        );
-    }
-
-    #[test]
-    fn the_largest_skew_and_min_domains_do_not_overflow() {
-        let s = spec(
-            json!([{"topologyKey": ZONE, "mode": "Required", "method": "TopologySpread",
-            "maxSkew": i32::MAX, "minDomains": i32::MAX}]),
-        );
-        assert!(assess(&s, &web(5), &three_zones()).shortfalls.is_empty());
-        let f = assess(&s, &web(i32::MAX), &three_zones());
-        assert_eq!(f.shortfalls.len(), 0, "capacity saturates at i32::MAX");
-        let mut negative = web(-5);
-        negative.replicas = i32::MIN;
-        assert!(assess(&s, &negative, &three_zones()).shortfalls.is_empty());
+        let names: Vec<&str> = nodes
+            .iter()
+            .filter(|n| spread_eligible(&w, n))
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(names, ["a1", "c0", "c1"], "terms are ORed");
     }
 
     #[test]
     fn domains_are_counted_per_key() {
         let c = count_domains(ZONE, &three_zones());
         assert_eq!((c.domains, c.nodes, c.nodes_missing_label), (3, 6, 0));
-        let h = count_domains("kubernetes.io/hostname", &three_zones());
+        let h = count_domains(HOST, &three_zones());
         assert_eq!(h.domains, 6);
     }
 

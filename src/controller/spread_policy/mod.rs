@@ -4,21 +4,34 @@
 //!
 //! Steps, one module each:
 //! - read: reflector caches of workloads and nodes (`run`), stripped to what
-//!   decisions need, woken only by changes a decision reads ([`read`]);
+//!   decisions need, woken only by changes a decision reads ([`read`]); the
+//!   pods of workloads, filed by workload ([`pods`]);
 //! - decide: [`plan`] (with [`terms`], [`merge`], [`select`],
-//!   [`feasibility`]) — pure;
-//! - write: [`write`] — server-side apply, the only place workloads change;
+//!   [`feasibility`], [`placement`], [`distribution`]) — pure;
+//! - write: [`write`] (the bodies) and `perform` (sending them) — the only
+//!   place workloads change;
 //! - status: [`status`] — conditions, counts, Events on transitions.
+//!
+//! `sync` is one reconcile, those steps in order.
 
+mod cluster;
+pub mod distribution;
 pub mod error;
 pub mod feasibility;
 pub mod merge;
+mod perform;
+pub mod placement;
 pub mod plan;
+pub mod pods;
 pub mod read;
+pub mod rebalance;
+pub mod scale_down;
 pub mod select;
 pub mod status;
+mod sync;
 pub mod terms;
 pub mod tracker;
+mod triggers;
 pub mod workload;
 pub mod write;
 
@@ -26,46 +39,42 @@ use super::{
     Context, ShutdownSignal,
     reconcile::{Outcomes, key},
 };
-use crate::api::spread_policy::{
-    DeletionPolicy, RolloutPacing, SpreadPolicy, SpreadPolicySpec, WorkloadKind,
-};
-use crate::k8s::lenient::{Invalid, Lenient};
-use crate::k8s::{SPREAD_POLICY_MANAGER, apply, finalizer};
+use crate::api::cluster_spread_policy::ClusterSpreadPolicy;
+use crate::api::spread_policy::SpreadPolicy;
+use crate::k8s::SPREAD_POLICY_MANAGER;
+use crate::k8s::lenient::Lenient;
 use error::Error;
-use feasibility::NodeInfo;
-use futures::{StreamExt, stream::FuturesUnordered};
+use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::Node,
+    core::v1::{Namespace, Node},
 };
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
+    core::PartialObjectMeta,
     runtime::{
         Controller, WatchStreamExt,
         controller::Action,
-        events::{Event, EventType, Reporter},
+        events::Reporter,
         reflector::{self, ObjectRef, Store},
+        watcher,
     },
 };
-use plan::{ANNOTATION_POLICY, Inputs};
-use read::{Cached, Relevant, node_fingerprint, strip_meta};
-use serde::Deserialize;
+use pods::{PodIndex, WatchedPod};
+use read::{Cached, Relevant, coalesce, node_fingerprint, strip_meta};
 use std::{
     collections::HashMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 use tracker::Tracker;
-use workload::Workload;
+use triggers::{Policies, Triggers};
 
 pub const CONTROLLER: &str = "spread-policy";
+/// The ClusterSpreadPolicy controller's name in metrics.
+pub const CLUSTER_CONTROLLER: &str = "cluster-spread-policy";
 /// Keeps a policy until its terms are out of every workload (deletionPolicy Remove).
 pub const FINALIZER: &str = "ballast.dev/spread-policy";
-
-type Policies = Store<Lenient<SpreadPolicy>>;
 
 /// Workload writes of one reconcile in flight at once. A policy that selects thousands of
 /// workloads fans out at the pace of the API server rather than of one round trip at a time,
@@ -74,6 +83,13 @@ pub const WRITE_CONCURRENCY: usize = 8;
 /// How soon a reconcile that met a 429 (after kube's own retries) tries again when the API
 /// server named no time.
 const THROTTLE_RETRY: Duration = Duration::from_secs(1);
+/// How long pod changes are gathered before they wake the policies of their workloads: a
+/// rollout or a scale moves many pods within a second, and each policy is planned once for
+/// all of them.
+pub const POD_COALESCE: Duration = Duration::from_secs(1);
+/// How long the changes that wake ClusterSpreadPolicies (their workloads, pods, nodes,
+/// SpreadPolicies) are gathered: one cluster policy spans many namespaces.
+pub const CLUSTER_COALESCE: Duration = Duration::from_millis(200);
 
 /// What every reconcile of this controller shares.
 pub struct State {
@@ -83,41 +99,51 @@ pub struct State {
     policies: Policies,
     deployments: Store<Cached<Deployment>>,
     stateful_sets: Store<Cached<StatefulSet>>,
+    cluster_policies: triggers::ClusterPolicies,
+    /// Namespaces, for their labels (a ClusterSpreadPolicy's namespaceSelector).
+    namespaces: triggers::Namespaces,
     nodes: Store<Node>,
+    /// The pods of the workloads, by workload.
+    pods: Arc<PodIndex>,
+    /// Holds status writes that only move pod counts to one every few seconds.
+    pacer: status::Pacer,
+    /// When each workload's last rebalancing batch went (in memory: after a restart the next
+    /// batch may come sooner than `minInterval`, but never while replicas are unavailable).
+    evicted: Mutex<HashMap<pods::WorkloadRef, jiff::Timestamp>>,
     recorder: super::events::Publisher,
     /// Our template writes and the rollouts under way (see [`tracker`]);
     /// shared with the workload watches' mappers.
     tracker: Arc<Mutex<Tracker>>,
     outcomes: Outcomes,
+    cluster_outcomes: Outcomes,
 }
 
-/// The policies in `w`'s namespace that select it, whose terms it carries,
-/// or whose write it is still rolling out.
-fn policies_for(
-    store: &Policies,
-    tracker: &Mutex<Tracker>,
-    w: &Workload,
-) -> Vec<ObjectRef<Lenient<SpreadPolicy>>> {
-    let owner = w.annotations.get(ANNOTATION_POLICY);
-    let rolling_for = tracker
-        .lock()
-        .expect("not poisoned")
-        .rolling_for(&(w.namespace.clone(), w.kind, w.name.clone()))
-        .map(str::to_string);
-    store
-        .state()
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(w.namespace.as_str()))
-        .filter(|p| {
-            let name = p.name_any();
-            owner == Some(&name)
-                || rolling_for.as_ref() == Some(&name)
-                || p.ok().is_some_and(|p| select::selects(p, w))
-        })
-        .map(|p| ObjectRef::from_obj(p.as_ref()))
-        .collect()
+impl State {
+    /// The labels of the namespaces in scope.
+    pub(crate) fn namespace_labels(&self) -> Arc<select::NamespaceLabels> {
+        triggers::namespace_labels(&self.namespaces)
+    }
+
+    async fn caches_ready(&self) -> Result<(), Error> {
+        let ready = async {
+            let _ = self.policies.wait_until_ready().await;
+            let _ = self.cluster_policies.wait_until_ready().await;
+            let _ = self.namespaces.wait_until_ready().await;
+            let _ = self.deployments.wait_until_ready().await;
+            let _ = self.stateful_sets.wait_until_ready().await;
+            let _ = self.nodes.wait_until_ready().await;
+            self.pods.wait_until_ready().await;
+        };
+        if super::caches_ready(ready, &self.shutdown, Duration::from_secs(30)).await {
+            Ok(())
+        } else {
+            Err(Error::CacheNotReady)
+        }
+    }
 }
 
+/// Runs the SpreadPolicy and ClusterSpreadPolicy controllers on shared caches of workloads,
+/// their pods, nodes and namespaces.
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
     let health = &ctx.health;
@@ -170,6 +196,29 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         };
         futures::future::ready(changed)
     });
+    // Namespaces (their labels, for namespaceSelector): only label changes pass.
+    let (namespaces, ns_writer) = reflector::store();
+    let ns_cfg = match &ctx.namespace {
+        Some(ns) => cfg.clone().fields(&format!("metadata.name={ns}")),
+        None => cfg.clone(),
+    };
+    let mut ns_labels: HashMap<String, std::collections::BTreeMap<String, String>> = HashMap::new();
+    let ns_stream = watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(ctx.client.clone()),
+        ns_cfg,
+    )
+    .default_backoff()
+    .reflect(ns_writer)
+    .touched_objects()
+    .filter(move |n| {
+        let changed = match n {
+            Ok(n) => {
+                ns_labels.insert(n.name_any(), n.labels().clone()).as_ref() != Some(n.labels())
+            }
+            Err(_) => true,
+        };
+        futures::future::ready(changed)
+    });
 
     // Policies are read leniently: one this version cannot decode is reported
     // on itself, and every other policy goes on being reconciled.
@@ -190,9 +239,48 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/spreadpolicies-siblings",
     )
     .touched_objects();
-    let controller = Controller::for_stream(policy_stream, policies.clone());
+    let (cluster_policies, cluster_writer) = reflector::store();
+    let cluster_stream = super::watch(
+        Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/clusterspreadpolicies",
+    )
+    .reflect(cluster_writer)
+    .touched_objects();
+    let cluster_sibling_stream = super::watch(
+        Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/clusterspreadpolicies-siblings",
+    )
+    .touched_objects();
     let tracker = Arc::new(Mutex::new(Tracker::default()));
-    let (t1, t2) = (tracker.clone(), tracker.clone());
+    let (cluster_tx, cluster_rx) = futures::channel::mpsc::unbounded();
+    let triggers = Triggers {
+        policies: policies.clone(),
+        cluster_policies: cluster_policies.clone(),
+        namespaces: namespaces.clone(),
+        deployments: deployments.clone(),
+        stateful_sets: stateful_sets.clone(),
+        tracker: tracker.clone(),
+        cluster_tx,
+    };
+
+    // Pods, filed by workload as they come; a change wakes the policies of its workload,
+    // gathered over POD_COALESCE.
+    let pods = Arc::new(PodIndex::default());
+    let index = pods.clone();
+    let t = triggers.clone();
+    let pod_stream = super::watch(
+        ctx.scoped_api::<WatchedPod>(),
+        cfg.clone(),
+        health.clone(),
+        "spread-policy/pods",
+    )
+    .filter_map(move |ev| futures::future::ready(ev.ok().map(|ev| index.apply(ev))))
+    .flat_map(move |changed| futures::stream::iter(t.for_pods(changed)));
+    let pod_triggers = coalesce(pod_stream, POD_COALESCE);
     let reporter = Reporter {
         controller: SPREAD_POLICY_MANAGER.into(),
         instance: None,
@@ -201,30 +289,41 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
         outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),
+        cluster_outcomes: Outcomes::new(CLUSTER_CONTROLLER, ctx.metrics.clone()),
         ctx,
         policies: policies.clone(),
+        cluster_policies: cluster_policies.clone(),
+        namespaces,
         deployments,
         stateful_sets,
         nodes,
-        tracker: tracker.clone(),
+        pods,
+        pacer: status::Pacer::default(),
+        evicted: Mutex::default(),
+        tracker,
     });
-    let (p1, p2, p3, p4) = (
-        policies.clone(),
-        policies.clone(),
-        policies.clone(),
-        policies,
+    let (t1, t2, t3, t4) = (
+        triggers.clone(),
+        triggers.clone(),
+        triggers.clone(),
+        triggers.clone(),
     );
-    controller
-        .watches_stream(deploy_stream, move |d| policies_for(&p1, &t1, &d.workload))
-        .watches_stream(sts_stream, move |s| policies_for(&p2, &t2, &s.workload))
+    let namespaced = Controller::for_stream(policy_stream, policies.clone())
+        .watches_stream(deploy_stream, move |d| t1.for_workload(&d.workload))
+        .watches_stream(sts_stream, move |s| t2.for_workload(&s.workload))
         .watches_stream(node_stream, move |_| {
-            p3.state()
+            t3.wake_all_cluster();
+            t3.policies
+                .state()
                 .iter()
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
         .watches_stream(sibling_stream, move |changed: Lenient<SpreadPolicy>| {
-            p4.state()
+            // A SpreadPolicy going away can hand its workloads to a cluster policy.
+            t4.wake_all_cluster();
+            t4.policies
+                .state()
                 .iter()
                 .filter(|p| {
                     p.namespace() == changed.namespace() && p.name_any() != changed.name_any()
@@ -232,28 +331,44 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(pod_triggers)
         .with_config(kube::runtime::controller::Config::default().concurrency(4))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile, error_policy, state.clone())
+        .for_each(|_| futures::future::ready(()));
+    let (c1, c2) = (cluster_policies.clone(), cluster_policies.clone());
+    let cluster = Controller::for_stream(cluster_stream, cluster_policies)
+        .watches_stream(ns_stream, move |_| {
+            c1.state()
+                .iter()
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(
+            cluster_sibling_stream,
+            move |changed: Lenient<ClusterSpreadPolicy>| {
+                c2.state()
+                    .iter()
+                    .filter(|p| p.name_any() != changed.name_any())
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .reconcile_on(coalesce(cluster_rx, CLUSTER_COALESCE))
+        .with_config(kube::runtime::controller::Config::default().concurrency(2))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, state)
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        .run(reconcile_cluster, error_policy_cluster, state)
+        .for_each(|_| futures::future::ready(()));
+    futures::join!(namespaced, cluster);
 }
 
 async fn reconcile(obj: Arc<Lenient<SpreadPolicy>>, st: Arc<State>) -> Result<Action, Error> {
     st.outcomes
         .run(&key(obj.as_ref()), async {
-            let ready = async {
-                let _ = st.policies.wait_until_ready().await;
-                let _ = st.deployments.wait_until_ready().await;
-                let _ = st.stateful_sets.wait_until_ready().await;
-                let _ = st.nodes.wait_until_ready().await;
-            };
-            if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
-                return Err(Error::CacheNotReady);
-            }
+            st.caches_ready().await?;
             match obj.as_ref() {
-                Lenient::Ok(policy) => sync(&obj, policy, true, &st).await,
-                Lenient::Invalid(inv) => sync_invalid(&obj, inv, &st).await,
+                Lenient::Ok(policy) => sync::sync(&obj, policy, true, &st).await,
+                Lenient::Invalid(inv) => sync::sync_invalid(&obj, inv, &st).await,
             }
         })
         .await
@@ -263,347 +378,25 @@ fn error_policy(obj: Arc<Lenient<SpreadPolicy>>, err: &Error, st: Arc<State>) ->
     st.outcomes.on_error(&key(obj.as_ref()), err)
 }
 
-async fn set_finalizers(
-    st: &State,
-    obj: &Lenient<SpreadPolicy>,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let api: Api<Lenient<SpreadPolicy>> =
-        Api::namespaced(st.ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    finalizer::set(&api, obj, finalizers)
-        .await
-        .map_err(|e| match e {
-            finalizer::Error::Stale => Error::Stale,
-            finalizer::Error::Api(e) => Error::Finalizer(e),
+async fn reconcile_cluster(
+    obj: Arc<Lenient<ClusterSpreadPolicy>>,
+    st: Arc<State>,
+) -> Result<Action, Error> {
+    st.cluster_outcomes
+        .run(&key(obj.as_ref()), async {
+            st.caches_ready().await?;
+            match obj.as_ref() {
+                Lenient::Ok(cp) => cluster::sync_cluster(&obj, cp, true, &st).await,
+                Lenient::Invalid(inv) => cluster::sync_invalid(&obj, inv, &st).await,
+            }
         })
+        .await
 }
 
-/// A stored policy this version cannot read. It is reported on itself and
-/// otherwise left alone (what it wrote stays, as with `suspend`), except that
-/// its deletion still takes its terms out of the workloads that carry them,
-/// so the deletion finishes. Only `deletionPolicy` and `rollout` are read from
-/// it for that, each when it decodes (else the defaults: Remove, 1 at a time).
-async fn sync_invalid(
-    obj: &Lenient<SpreadPolicy>,
-    inv: &Invalid,
-    st: &State,
-) -> Result<Action, Error> {
-    if obj.meta().deletion_timestamp.is_some() {
-        let spec = inv.raw.get("spec");
-        let field = |name: &str| spec.and_then(|s| s.get(name));
-        let stand_in = SpreadPolicy {
-            metadata: inv.metadata.clone(),
-            spec: SpreadPolicySpec {
-                deletion_policy: field("deletionPolicy")
-                    .and_then(|v| DeletionPolicy::deserialize(v).ok())
-                    .unwrap_or_default(),
-                rollout: field("rollout")
-                    .and_then(|v| RolloutPacing::deserialize(v).ok())
-                    .unwrap_or_default(),
-                ..Default::default()
-            },
-            status: None,
-        };
-        return sync(obj, &stand_in, false, st).await;
-    }
-    super::report_invalid::<Lenient<SpreadPolicy>>(
-        &st.ctx.client,
-        &st.recorder,
-        SPREAD_POLICY_MANAGER,
-        inv,
-    )
-    .await
-    .map_err(Error::ReportInvalid)?;
-    Ok(Action::await_change())
-}
-
-/// The cached Deployments and StatefulSets of `ns`.
-fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
-    st.deployments
-        .state()
-        .iter()
-        .filter(|d| d.namespace().as_deref() == Some(ns))
-        .map(|d| d.workload.clone())
-        .chain(
-            st.stateful_sets
-                .state()
-                .iter()
-                .filter(|s| s.namespace().as_deref() == Some(ns))
-                .map(|s| s.workload.clone()),
-        )
-        .collect()
-}
-
-/// Reconciles `policy` (the object `obj` as read, or a stand-in for one that
-/// cannot be read, whose status is then not written).
-async fn sync(
-    obj: &Lenient<SpreadPolicy>,
-    policy: &SpreadPolicy,
-    readable: bool,
-    st: &State,
-) -> Result<Action, Error> {
-    let ns = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
-    let deleting = policy.metadata.deletion_timestamp.is_some();
-    let has_finalizer = policy.finalizers().iter().any(|f| f == FINALIZER);
-    if deleting && !has_finalizer {
-        return Ok(Action::await_change());
-    }
-    if !deleting && !has_finalizer {
-        let mut f = policy.finalizers().to_vec();
-        f.push(FINALIZER.into());
-        set_finalizers(st, obj, f).await?;
-        // The update wakes us again with the finalizer in place.
-        return Ok(Action::await_change());
-    }
-
-    let mut workloads = workloads_in(st, &ns);
-    let seen = st.tracker.lock().expect("not poisoned").observe(
-        &ns,
-        &mut workloads,
-        jiff::Timestamp::now(),
-    );
-    let mut policies: Vec<Arc<SpreadPolicy>> = st
-        .policies
-        .state()
-        .iter()
-        .filter_map(|p| p.ok())
-        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() != name)
-        .map(|p| Arc::new(p.clone()))
-        .collect();
-    policies.push(Arc::new(policy.clone()));
-    let nodes: Vec<NodeInfo> = st
-        .nodes
-        .state()
-        .iter()
-        .map(|n| NodeInfo::from_node(n))
-        .collect();
-
-    let plan = plan::plan(&Inputs {
-        policy,
-        policies: &policies,
-        workloads: &workloads,
-        nodes: &nodes,
-        unobserved_writes: &seen.unobserved,
-    });
-    let outcome = perform(st, policy, &plan, &workloads).await;
-    if !deleting {
-        st.ctx
-            .metrics
-            .set_spread_infeasible(&ns, &name, Some(plan.pending));
-    }
-
-    if readable {
-        let new_status = status::build(policy, &plan, &outcome.rejected, jiff::Timestamp::now());
-        let old_conditions = policy
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        if policy.status.as_ref() != Some(&new_status) {
-            let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
-            apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
-                .await
-                .map_err(Error::Status)?;
-            for (warning, reason, note) in
-                status::events_for(&old_conditions, &new_status.conditions)
-            {
-                publish(st, policy, warning, reason, note).await;
-            }
-        }
-    }
-    if let Some(e) = outcome.transient {
-        return Err(e);
-    }
-
-    if deleting && plan.released {
-        let f: Vec<String> = policy
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(st, obj, f).await?;
-        st.ctx.metrics.set_spread_infeasible(&ns, &name, None);
-        tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
-        return Ok(Action::await_change());
-    }
-    if let Some(delay) = outcome.throttled {
-        return Ok(Action::requeue(delay));
-    }
-    if outcome.retry_soon {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    // A rollout that stops progressing holds up pacing only until its bound:
-    // nothing else would wake us then.
-    if let Some(bound) = seen.next_bound.filter(|_| plan.waiting > 0) {
-        return Ok(Action::requeue(bound + Duration::from_secs(1)));
-    }
-    // Everything else wakes us through the watches: workload changes (also
-    // rollouts finishing, which frees pacing budget), node changes, policy
-    // changes.
-    Ok(Action::await_change())
-}
-
-/// What the writes of one reconcile came to.
-#[derive(Default)]
-struct Performed {
-    /// `(workload, message)` of writes the API server refused.
-    rejected: Vec<(String, String)>,
-    /// A write met a newer workload than the cache had: merge again soon.
-    retry_soon: bool,
-    /// The API server throttled us (429 after kube's own retries): the writes not made yet
-    /// wait this long, and nothing has failed.
-    throttled: Option<Duration>,
-    transient: Option<Error>,
-}
-
-/// Sends one write, unless a 429 has been met meanwhile (then `None`: not sent).
-async fn write_one<'a>(
-    st: &State,
-    ns: &str,
-    policy: &str,
-    throttled: &AtomicBool,
-    w: &'a plan::Write,
-    live: &Workload,
-) -> (&'a plan::Write, Option<kube::Result<write::Outcome>>) {
-    if throttled.load(Ordering::Relaxed) {
-        return (w, None);
-    }
-    let body = write::body(w, ns, live);
-    tracing::debug!(policy, workload = %w_display(w.kind, &w.name), generation = ?live.generation, resource_version = ?live.resource_version, ?body, "writing workload");
-    let result = write::write_workload(&st.ctx.client, ns, w.kind, &w.name, &body).await;
-    if matches!(&result, Err(kube::Error::Api(s)) if s.code == 429) {
-        throttled.store(true, Ordering::Relaxed);
-    }
-    (w, Some(result))
-}
-
-/// Makes the plan's writes, at most [`WRITE_CONCURRENCY`] at once, remembering the template
-/// changes for pacing. Each write costs O(1) here whatever the number of workloads: the live
-/// workloads are looked up by key, and one Event per outcome sums up the whole batch.
-async fn perform(
-    st: &State,
-    policy: &SpreadPolicy,
-    plan: &plan::Plan,
-    workloads: &[Workload],
-) -> Performed {
-    let ns = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
-    let live: HashMap<(WorkloadKind, &str), &Workload> = workloads
-        .iter()
-        .map(|w| ((w.kind, w.name.as_str()), w))
-        .collect();
-    // Set by a 429: the writes not started yet wait for the next reconcile.
-    let throttled = AtomicBool::new(false);
-    let mut jobs = plan
-        .writes
-        .iter()
-        .filter_map(|w| live.get(&(w.kind, w.name.as_str())).map(|l| (w, *l)));
-    // A bounded window of writes in flight (a loop rather than a stream combinator, whose
-    // closures over borrowed writes the compiler cannot prove Send for every lifetime).
-    let mut running = FuturesUnordered::new();
-    for (w, l) in jobs.by_ref().take(WRITE_CONCURRENCY) {
-        running.push(write_one(st, &ns, &name, &throttled, w, l));
-    }
-
-    let mut out = Performed::default();
-    let (mut applied, mut removed) = (Vec::new(), Vec::new());
-    while let Some((w, result)) = running.next().await {
-        if let Some((w, l)) = jobs.next() {
-            running.push(write_one(st, &ns, &name, &throttled, w, l));
-        }
-        let Some(result) = result else { continue };
-        let target = w_display(w.kind, &w.name);
-        let kind = format!("{:?}", w.kind);
-        match result {
-            Ok(done) => {
-                let outcome = if w.is_removal() { "removed" } else { "applied" };
-                st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
-                tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.merged.template_changed, "wrote workload");
-                if let (Some(g), true) = (done.generation, w.merged.template_changed) {
-                    st.tracker.lock().expect("not poisoned").wrote(
-                        (ns.clone(), w.kind, w.name.clone()),
-                        &name,
-                        done.uid,
-                        g,
-                    );
-                }
-                if w.is_removal() {
-                    removed.push(target);
-                } else {
-                    applied.push((target, w.merged.ours.len()));
-                }
-            }
-            // Deleted since the cache read: nothing to take out or put in.
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "gone");
-                out.retry_soon = true;
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // The workload changed since the cache read: merge again.
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "conflict");
-                out.retry_soon = true;
-            }
-            // Throttled beyond kube's own retries: back off, and fail nothing.
-            Err(kube::Error::Api(s)) if s.code == 429 => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "throttled");
-                let delay = write::throttle_delay(&s, THROTTLE_RETRY);
-                out.throttled = Some(out.throttled.map_or(delay, |d| d.max(delay)));
-                tracing::debug!(policy = %name, namespace = %ns, workload = %target, ?delay, "workload write throttled");
-            }
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "rejected");
-                tracing::warn!(policy = %name, namespace = %ns, workload = %target, error = %s.message, "workload write rejected");
-                out.rejected.push((target, s.message.clone()));
-            }
-            Err(e) => {
-                st.ctx.metrics.count_write(CONTROLLER, &kind, "error");
-                out.transient = Some(Error::Write {
-                    workload: target,
-                    source: e,
-                });
-            }
-        }
-    }
-    if let [(_, terms)] = applied.as_slice() {
-        let single = format!("{terms} term(s) of this policy in the pod template");
-        let targets = [applied[0].0.clone()];
-        let note = status::written_note(&targets, &single, "");
-        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
-    } else if !applied.is_empty() {
-        let targets: Vec<String> = applied.into_iter().map(|(t, _)| t).collect();
-        let note = status::written_note(&targets, "", "now carry this policy's terms");
-        publish(st, policy, false, status::reason::TERMS_APPLIED, note).await;
-    }
-    if !removed.is_empty() {
-        let note = status::written_note(
-            &removed,
-            "removed this policy's terms",
-            "had this policy's terms removed",
-        );
-        publish(st, policy, false, status::reason::TERMS_REMOVED, note).await;
-    }
-    out
-}
-
-fn w_display(kind: WorkloadKind, name: &str) -> String {
-    format!("{kind:?}/{name}")
-}
-
-async fn publish(st: &State, policy: &SpreadPolicy, warning: bool, reason: &str, note: String) {
-    let ev = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = st.recorder.publish(&ev, &policy.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "could not publish event");
-    }
+fn error_policy_cluster(
+    obj: Arc<Lenient<ClusterSpreadPolicy>>,
+    err: &Error,
+    st: Arc<State>,
+) -> Action {
+    st.cluster_outcomes.on_error(&key(obj.as_ref()), err)
 }

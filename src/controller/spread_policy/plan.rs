@@ -3,17 +3,26 @@
 //! everything status will say. Pure: no API calls, so this is where most of
 //! the controller's tests live.
 
-use super::feasibility::{NodeInfo, assess, count_domains, topology_keys};
+use super::distribution::{self, Nodes};
+use super::feasibility::{NodeInfo, count_domains, topology_keys};
 use super::merge::{Merged, merge};
-use super::select::{selects, validate_selector, winner};
+use super::placement::assess;
+use super::pods::PodView;
+use super::rebalance::{self, Eviction};
+use super::scale_down::{CostWrite, cost_writes};
+use super::select::{Governor, precedence, selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
 use super::workload::{Rollout, Workload};
+use crate::api::spread_distribution::SpreadDistribution;
 use crate::api::spread_policy::{
-    DeletionPolicy, MAX_WORKLOAD_STATUSES, SpreadPolicy, TopologyDomains, WorkloadKind,
+    DeletionPolicy, MAX_WORKLOAD_STATUSES, ScaleDown, SpreadPolicy, TopologyDomains, WorkloadKind,
     WorkloadStatus,
 };
 use kube::ResourceExt;
 use std::collections::BTreeSet;
+use std::sync::Arc;
+
+pub use super::pods::PodSnapshot;
 
 /// Names the policy whose terms a workload carries (on the workload's metadata).
 pub const ANNOTATION_POLICY: &str = "ballast.dev/spread-policy";
@@ -74,6 +83,14 @@ impl Write {
     }
 }
 
+/// One write to one pod of a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodWrite {
+    pub kind: WorkloadKind,
+    pub workload: String,
+    pub cost: CostWrite,
+}
+
 /// Everything the controller does and says for one policy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
@@ -96,18 +113,47 @@ pub struct Plan {
     pub invalid: Option<String>,
     /// While deleting: no workload carries this policy's terms any more.
     pub released: bool,
+    /// Where the governed workloads' pods run.
+    pub distribution: SpreadDistribution,
+    /// One message per skewed workload (see [`distribution::skew_message`]).
+    pub skewed: Vec<String>,
+    /// Deletion costs to write (`scaleDown`), or to take away.
+    pub pod_writes: Vec<PodWrite>,
+    /// Pods to evict now (`rebalance`), by workload.
+    pub evictions: Vec<(WorkloadKind, String, Eviction)>,
+    /// Some governed workload is off its spread where rebalancing acts (now or later).
+    pub rebalancing: bool,
+    /// How long until the next rebalancing batch may go, when one waits for `minInterval`.
+    pub rebalance_wait: Option<std::time::Duration>,
+    /// Template changes this plan makes that start a rollout (they take from the budget).
+    pub budget_used: usize,
+    /// Each governed workload's distribution and how far off it is (what `distribution`
+    /// sums up; a ClusterSpreadPolicy sums them over its namespaces).
+    pub spread: Vec<(crate::api::spread_distribution::WorkloadDistribution, i32)>,
 }
+
+/// How long after its last eviction a workload still counts as being rebalanced, beyond
+/// `minInterval` (its replacements being placed and becoming ready).
+pub const REBALANCE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the plan needs to know.
 pub struct Inputs<'a> {
-    pub policy: &'a SpreadPolicy,
-    /// Every policy in the policy's namespace (including itself).
-    pub policies: &'a [std::sync::Arc<SpreadPolicy>],
-    /// Deployments and StatefulSets in the policy's namespace.
+    pub policy: &'a Governor,
+    /// Every policy that applies in the workloads' namespace (including itself).
+    pub policies: &'a [std::sync::Arc<Governor>],
+    /// Deployments and StatefulSets of one namespace.
     pub workloads: &'a [Workload],
+    /// For a ClusterSpreadPolicy planned namespace by namespace: what other namespaces take
+    /// of its `rollout.maxConcurrent` (rolling out there, or written earlier this reconcile).
+    pub budget_used_elsewhere: usize,
     pub nodes: &'a [NodeInfo],
+    /// The pods of those workloads.
+    pub pods: &'a PodSnapshot,
     /// Workloads whose last write by us the cache has not caught up with.
     pub unobserved_writes: &'a BTreeSet<(WorkloadKind, String)>,
+    /// When each workload's last rebalancing batch went.
+    pub evicted: &'a std::collections::HashMap<(WorkloadKind, String), jiff::Timestamp>,
+    pub now: jiff::Timestamp,
 }
 
 fn invalid_reason(policy: &SpreadPolicy) -> Option<String> {
@@ -130,6 +176,64 @@ fn invalid_reason(policy: &SpreadPolicy) -> Option<String> {
     None
 }
 
+/// Whether `w` is rolling out because of policy `name`: carrying its terms, or still rolling
+/// out a write of ours that took them out.
+pub fn rolling_out_for(
+    name: &str,
+    w: &Workload,
+    unobserved_writes: &BTreeSet<(WorkloadKind, String)>,
+) -> bool {
+    let ours = w.annotations.get(ANNOTATION_POLICY).map(String::as_str) == Some(name)
+        || w.rolling_for.as_deref() == Some(name);
+    !w.deleting
+        && ours
+        && (w.rollout == Rollout::InProgress
+            || unobserved_writes.contains(&(w.kind, w.name.clone())))
+}
+
+/// The deletion costs of the workloads this policy answers for: those it governs (set with
+/// `scaleDown: Balanced`, taken away without), and those nobody governs any more whose pods
+/// still carry ballast's costs — its own former workloads, and, for the first policy of the
+/// namespace by precedence (or a policy being deleted when no other is left), any such
+/// workload, so that costs never outlive every policy.
+fn deletion_costs(inp: &Inputs, nodes: &Nodes, invalid: bool) -> Vec<PodWrite> {
+    let policy = inp.policy;
+    let name = policy.name_any();
+    let deleting = policy.metadata.deletion_timestamp.is_some();
+    let key = policy.spec.spread.first().map(|s| s.topology_key.as_str());
+    let live = inp
+        .policies
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .min_by(|a, b| precedence(a, b));
+    let janitor = live.map_or(deleting, |first| first.name_any() == name);
+    let no_pods: Arc<[PodView]> = Arc::new([]);
+    let mut out = Vec::new();
+    for w in inp.workloads.iter().filter(|w| !w.deleting) {
+        let ours = w.annotations.get(ANNOTATION_POLICY) == Some(&name);
+        let balanced = match winner(inp.policies, w) {
+            Some(g) if g.name_any() == name && !deleting && !invalid => {
+                policy.spec.scale_down == ScaleDown::Balanced
+            }
+            Some(_) => continue,
+            None if ours || janitor => false,
+            None => continue,
+        };
+        let pods = inp.pods.get(&(w.kind, w.name.clone())).unwrap_or(&no_pods);
+        out.extend(
+            cost_writes(key, balanced, w, pods, nodes)
+                .into_iter()
+                .map(|cost| PodWrite {
+                    kind: w.kind,
+                    workload: w.name.clone(),
+                    cost,
+                }),
+        );
+    }
+    out
+}
+
 pub fn plan(inp: &Inputs) -> Plan {
     let policy = inp.policy;
     let name = policy.name_any();
@@ -149,25 +253,23 @@ pub fn plan(inp: &Inputs) -> Plan {
 
     // A workload being deleted is written nothing and holds up nothing.
     let ours = |w: &Workload| !w.deleting && w.annotations.get(ANNOTATION_POLICY) == Some(&name);
-    // Rolling out because of this policy: carrying its terms, or still
-    // rolling out a write of ours that took them out.
-    let in_flight = |w: &Workload| {
-        (ours(w) || (!w.deleting && w.rolling_for.as_deref() == Some(name.as_str())))
-            && (w.rollout == Rollout::InProgress
-                || inp.unobserved_writes.contains(&(w.kind, w.name.clone())))
-    };
+    let in_flight = |w: &Workload| rolling_out_for(&name, w, inp.unobserved_writes);
     out.in_flight = inp.workloads.iter().filter(|w| in_flight(w)).count();
     let max = policy.spec.rollout.max_concurrent.max(0) as usize;
     let mut budget = if max == 0 {
         usize::MAX
     } else {
         max.saturating_sub(out.in_flight)
+            .saturating_sub(inp.budget_used_elsewhere)
     };
 
     let mut workloads: Vec<&Workload> = inp.workloads.iter().collect();
     workloads.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
     let mut statuses = Vec::new();
     let mut warned = BTreeSet::new();
+    let nodes: Nodes = inp.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut spread = Vec::new();
+    let no_pods: Arc<[PodView]> = Arc::new([]);
 
     for w in workloads.into_iter().filter(|w| !w.deleting) {
         let selected = !deleting && selects(policy, w);
@@ -175,6 +277,7 @@ pub fn plan(inp: &Inputs) -> Plan {
         let is_winner = selected && governing.is_some_and(|g| g.name_any() == name);
         let status = |state: &str, message: Option<String>| WorkloadStatus {
             kind: w.kind,
+            namespace: policy.is_cluster().then(|| w.namespace.clone()),
             name: w.name.clone(),
             state: state.to_string(),
             message,
@@ -186,9 +289,14 @@ pub fn plan(inp: &Inputs) -> Plan {
         if selected && !is_winner {
             let g = governing.expect("a selected workload has a winner");
             let msg = format!(
-                "{} is governed by SpreadPolicy {} (priority {})",
+                "{}{} is governed by {} (priority {})",
+                if policy.is_cluster() {
+                    format!("{}/", w.namespace)
+                } else {
+                    String::new()
+                },
                 w.display(),
-                g.name_any(),
+                g.display(),
                 g.spec.priority
             );
             out.conflicts.push(msg.clone());
@@ -212,10 +320,7 @@ pub fn plan(inp: &Inputs) -> Plan {
                     if deleting {
                         statuses.push(status(
                             state::HANDING_OVER,
-                            Some(format!(
-                                "waiting for SpreadPolicy {} to take over",
-                                g.name_any()
-                            )),
+                            Some(format!("waiting for {} to take over", g.display())),
                         ));
                     }
                     continue;
@@ -230,10 +335,55 @@ pub fn plan(inp: &Inputs) -> Plan {
         };
 
         if is_winner {
-            let f = assess(&policy.spec, w, inp.nodes);
-            out.shortfalls
-                .extend(f.shortfalls.iter().map(|s| s.message(&w.name)));
-            out.pending += i64::from(f.shortfalls.iter().map(|s| s.pending).max().unwrap_or(0));
+            let pods = inp.pods.get(&(w.kind, w.name.clone())).unwrap_or(&no_pods);
+            let placed = distribution::placed(w, pods, &nodes);
+            let f = assess(&policy.spec, w, inp.nodes, &placed);
+            let key = (w.kind, w.name.clone());
+            let last = inp.evicted.get(&key).copied();
+            let recent = policy
+                .spec
+                .rebalance
+                .as_ref()
+                .zip(last)
+                .is_some_and(|(r, t)| {
+                    let window = jiff::SignedDuration::try_from(r.min_interval() + REBALANCE_GRACE);
+                    window.is_ok_and(|window| inp.now.duration_since(t) < window)
+                });
+            spread.push(distribution::of(
+                &policy.spec,
+                w,
+                pods,
+                inp.nodes,
+                &nodes,
+                recent,
+            ));
+            if let Some(r) = policy
+                .spec
+                .rebalance
+                .as_ref()
+                .filter(|_| !policy.spec.suspend)
+                && !inp.unobserved_writes.contains(&key)
+            {
+                let d = rebalance::decide(
+                    &policy.spec,
+                    r,
+                    w,
+                    pods,
+                    inp.nodes,
+                    &nodes,
+                    rebalance::Clock { last, now: inp.now },
+                );
+                out.rebalancing |= d.wanted;
+                if let Some(wait) = d.wait {
+                    out.rebalance_wait = Some(out.rebalance_wait.map_or(wait, |o| o.min(wait)));
+                }
+                out.evictions
+                    .extend(d.evict.into_iter().map(|e| (w.kind, w.name.clone(), e)));
+            }
+            if let Some(short) = &f.shortfall {
+                out.shortfalls.push(short.message(&w.name));
+                out.pending += i64::from(short.pending);
+            }
             for warning in f.warnings {
                 if warned.insert(warning.clone()) {
                     out.warnings.push(warning);
@@ -295,6 +445,7 @@ pub fn plan(inp: &Inputs) -> Plan {
                 continue;
             }
             budget -= 1;
+            out.budget_used += 1;
         } else if is_winner {
             // Only the owner annotation changes: the template already has our terms.
             out.applied = out.applied.saturating_add(1);
@@ -317,6 +468,21 @@ pub fn plan(inp: &Inputs) -> Plan {
         });
     }
 
+    if !policy.spec.suspend || deleting {
+        out.pod_writes = deletion_costs(inp, &nodes, out.invalid.is_some());
+    }
+    out.skewed = spread
+        .iter()
+        .filter(|(d, _)| d.skewed)
+        .map(|(d, _)| distribution::skew_message(d))
+        .collect();
+    if policy.is_cluster() {
+        for (d, _) in spread.iter_mut() {
+            d.namespace = inp.workloads.first().map(|w| w.namespace.clone());
+        }
+    }
+    out.distribution = distribution::summarise(spread.clone());
+    out.spread = spread;
     out.released = !inp.workloads.iter().any(ours)
         || (policy.spec.deletion_policy == DeletionPolicy::Orphan && deleting);
     // Problems first, then by kind and name; bounded.
@@ -327,216 +493,5 @@ pub fn plan(inp: &Inputs) -> Plan {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::controller::spread_policy::workload::Rollout;
-    use jiff::Timestamp;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use serde_json::json;
-    use std::sync::Arc;
-
-    fn policy(extra: serde_json::Value) -> SpreadPolicy {
-        let mut spec = json!({"selector": {"matchLabels": {"tier": "web"}},
-            "spread": [{"topologyKey": "zone", "mode": "Required"}]});
-        for (k, v) in extra.as_object().unwrap() {
-            spec[k] = v.clone();
-        }
-        let mut p: SpreadPolicy = serde_json::from_value(json!({
-            "apiVersion": "ballast.dev/v1alpha1", "kind": "SpreadPolicy",
-            "metadata": {"name": "web-ha", "namespace": "shop"}, "spec": spec,
-        }))
-        .unwrap();
-        p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(100).unwrap()));
-        p
-    }
-
-    fn deleting(mut p: SpreadPolicy) -> SpreadPolicy {
-        p.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(200).unwrap()));
-        p
-    }
-
-    fn web(name: &str) -> Workload {
-        Workload {
-            kind: WorkloadKind::Deployment,
-            name: name.into(),
-            namespace: "shop".into(),
-            labels: [("tier".to_string(), "web".to_string())].into(),
-            selector: serde_json::from_value(json!({"matchLabels": {"app": name}})).unwrap(),
-            replicas: 3,
-            resource_version: Some("1".into()),
-            ..Default::default()
-        }
-    }
-
-    /// `w` as it is once `p`'s terms are written into it.
-    fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
-        let terms = desired_terms(&p.spec, w.kind, &w.selector);
-        let m = merge(&w, &Terms::default(), &terms);
-        w.affinity.pod_anti_affinity = Some(k8s_openapi::api::core::v1::PodAntiAffinity {
-            required_during_scheduling_ignored_during_execution: Some(m.anti_affinity_required),
-            ..Default::default()
-        });
-        w.record = Some(record_text(&m.ours));
-        w.annotations.insert(ANNOTATION_POLICY.into(), p.name_any());
-        w
-    }
-
-    fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
-        plan(&Inputs {
-            policy: p,
-            policies: &[Arc::new(p.clone())],
-            workloads: ws,
-            nodes: &[],
-            unobserved_writes: &BTreeSet::new(),
-        })
-    }
-
-    #[test]
-    fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
-        // Required over `zone`, two zones: 3 replicas leave 1 Pending, 5 leave 3, 2 none.
-        let p = policy(json!({}));
-        let nodes: Vec<NodeInfo> = ["a", "b"]
-            .iter()
-            .map(|z| NodeInfo {
-                name: format!("n-{z}"),
-                labels: [("zone".to_string(), z.to_string())].into(),
-                ready: true,
-                ..Default::default()
-            })
-            .collect();
-        let mut big = web("b");
-        big.replicas = 5;
-        let mut small = web("c");
-        small.replicas = 2;
-        let out = plan(&Inputs {
-            policy: &p,
-            policies: &[Arc::new(p.clone())],
-            workloads: &[web("a"), big, small],
-            nodes: &nodes,
-            unobserved_writes: &BTreeSet::new(),
-        });
-        assert_eq!(out.shortfalls.len(), 2, "{:?}", out.shortfalls);
-        assert_eq!(out.pending, 4);
-    }
-
-    #[test]
-    fn a_converged_workload_needs_no_write() {
-        let p = policy(json!({}));
-        let out = run(&p, &[carrying(&p, web("a"))]);
-        assert!(out.writes.is_empty(), "{:?}", out.writes);
-        assert_eq!(out.applied, 1);
-    }
-
-    #[test]
-    fn deleting_a_suspended_policy_still_takes_its_terms_out() {
-        let p = policy(json!({"suspend": true}));
-        let ws = [carrying(&p, web("a"))];
-        assert!(run(&p, &ws).writes.is_empty(), "suspended: nothing new");
-        let out = run(&deleting(p), &ws);
-        assert_eq!(out.writes.len(), 1);
-        assert!(out.writes[0].is_removal());
-        assert!(out.writes[0].merged.anti_affinity_required.is_empty());
-        assert!(!out.released, "released once the removal is seen");
-    }
-
-    #[test]
-    fn an_unhealthy_workload_whose_rollout_completed_does_not_hold_up_pacing() {
-        let p = policy(json!({}));
-        let mut a = carrying(&p, web("a"));
-        a.rollout = Rollout::Complete; // 2 of 5 Pending, rollout done
-        let out = run(&p, &[a.clone(), web("b")]);
-        assert_eq!(out.in_flight, 0);
-        assert_eq!(out.writes.len(), 1);
-        // A paused one with a new template is in flight; past its bound it is Stalled.
-        a.rollout = Rollout::InProgress;
-        let out = run(&p, &[a.clone(), web("b")]);
-        assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
-        a.rollout = Rollout::Stalled;
-        assert_eq!(run(&p, &[a, web("b")]).writes.len(), 1);
-    }
-
-    #[test]
-    fn a_workload_in_flight_is_not_held_up_by_itself() {
-        // Stuck in its own rollout (5 replicas, 3 zones, from the start): the
-        // policy's deletion takes the terms out at once.
-        let p = policy(json!({}));
-        let mut stuck = carrying(&p, web("a"));
-        stuck.rollout = Rollout::InProgress;
-        let out = run(
-            &deleting(p.clone()),
-            &[stuck.clone(), carrying(&p, web("b"))],
-        );
-        assert_eq!(out.writes.len(), 1, "{:?}", out.workloads);
-        assert_eq!(out.writes[0].name, "a");
-        assert_eq!(out.waiting, 1, "b waits for a");
-    }
-
-    #[test]
-    fn a_removal_still_rolling_out_counts_against_max_concurrent() {
-        let p = deleting(policy(json!({})));
-        let mut gone = web("a");
-        gone.rollout = Rollout::InProgress;
-        gone.rolling_for = Some("web-ha".into());
-        let out = run(&p, &[gone, carrying(&p, web("b"))]);
-        assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
-    }
-
-    #[test]
-    fn a_workload_being_deleted_is_not_written_and_does_not_hold_up_deletion() {
-        let p = policy(json!({}));
-        let mut w = carrying(&p, web("a"));
-        w.deleting = true;
-        w.rollout = Rollout::InProgress;
-        let out = run(&deleting(p), &[w]);
-        assert!(out.writes.is_empty());
-        assert!(out.released);
-    }
-
-    #[test]
-    fn a_template_put_back_with_its_own_record_is_brought_to_the_policy_once() {
-        // Policy v1 wrote a zone term; v2 wants host instead. `kubectl rollout
-        // undo` put the v1 template back, record and all.
-        let v1 = policy(json!({}));
-        let v2 = policy(json!({"spread": [{"topologyKey": "host", "mode": "Required"}]}));
-        let mut user = web("a");
-        user.affinity = serde_json::from_value(json!({"podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": "host"}]}}))
-        .unwrap();
-        let undone = carrying(&v1, user.clone());
-        let out = run(&v2, &[undone]);
-        let w = &out.writes[0];
-        let keys: Vec<&str> = w
-            .merged
-            .anti_affinity_required
-            .iter()
-            .map(|t| t.topology_key.as_str())
-            .collect();
-        assert_eq!(
-            keys,
-            ["host", "host"],
-            "the user's term, then v2's; v1's gone"
-        );
-        assert_eq!(
-            w.merged.anti_affinity_required[0],
-            user.affinity
-                .pod_anti_affinity
-                .unwrap()
-                .required_during_scheduling_ignored_during_execution
-                .unwrap()[0]
-        );
-        assert!(w.merged.template_changed);
-    }
-
-    #[test]
-    fn a_record_that_differs_from_the_template_terms_is_a_template_change() {
-        let p = policy(json!({}));
-        let mut w = carrying(&p, web("a"));
-        w.record = None; // someone dropped the record: the terms become the user's
-        let out = run(&p, &[w.clone()]);
-        assert!(out.writes.is_empty(), "{:?}", out.writes);
-        w.record = Some("{\"antiAffinityRequired\":[]}".into());
-        let out = run(&p, &[w]);
-        assert!(out.writes[0].merged.template_changed);
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;

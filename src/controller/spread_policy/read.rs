@@ -9,12 +9,19 @@
 
 use super::feasibility::NodeInfo;
 use super::workload::Workload;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::ObjectMeta;
 use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
-use std::{borrow::Cow, collections::HashMap, marker::PhantomData};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+    hash::Hash,
+    marker::PhantomData,
+    time::Duration,
+};
 
 /// What the cache keeps of a workload of kind `K` (Deployment, StatefulSet): its view
 /// ([`Workload`], with only ballast's annotations), made as the watch deserializes the object,
@@ -203,6 +210,50 @@ impl Relevant {
     }
 }
 
+/// Gathers the items of `input` for `window` from the first of a burst, then hands each on
+/// once: a burst of pod changes (a rollout, a scale) wakes each policy once, at most `window`
+/// after the first change. Order is kept.
+pub fn coalesce<T>(
+    input: impl Stream<Item = T> + Send + 'static,
+    window: Duration,
+) -> impl Stream<Item = T> + Send + 'static
+where
+    T: Hash + Eq + Clone + Send + 'static,
+{
+    futures::stream::unfold(
+        (input.boxed().fuse(), false),
+        move |(mut input, ended)| async move {
+            if ended {
+                return None;
+            }
+            let first = input.next().await?;
+            let mut seen = HashSet::from([first.clone()]);
+            let mut batch = vec![first];
+            let deadline = tokio::time::sleep(window);
+            tokio::pin!(deadline);
+            let mut ended = false;
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => break,
+                    item = input.next() => match item {
+                        Some(t) => {
+                            if seen.insert(t.clone()) {
+                                batch.push(t);
+                            }
+                        }
+                        None => {
+                            ended = true;
+                            break;
+                        }
+                    },
+                }
+            }
+            Some((batch, (input, ended)))
+        },
+    )
+    .flat_map(futures::stream::iter)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +294,29 @@ mod tests {
             .unwrap()
             .insert("tier".into(), "db".into());
         assert!(r.pass(&apply(relabelled), Workload::from_deployment));
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_handed_on_once_per_item_after_the_window() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let window = Duration::from_millis(200);
+        let mut out = Box::pin(coalesce(rx, window));
+        for i in [1, 2, 1, 3, 2] {
+            tx.unbounded_send(i).unwrap();
+        }
+        let start = std::time::Instant::now();
+        let got: Vec<i32> = vec![
+            out.next().await.unwrap(),
+            out.next().await.unwrap(),
+            out.next().await.unwrap(),
+        ];
+        assert_eq!(got, [1, 2, 3]);
+        assert!(start.elapsed() >= window, "{:?}", start.elapsed());
+        // A later change is a new burst; the end of the input ends the stream.
+        tx.unbounded_send(1).unwrap();
+        drop(tx);
+        assert_eq!(out.next().await, Some(1));
+        assert_eq!(out.next().await, None);
     }
 
     #[test]

@@ -1,10 +1,125 @@
 //! Which workloads a policy selects, and which policy wins a workload that
-//! several select: the highest `priority`, then the oldest, then the name.
+//! several select: a SpreadPolicy of the workload's namespace before any
+//! ClusterSpreadPolicy, then the highest `priority`, then the oldest, then the
+//! name.
+//!
+//! Both kinds are seen through a [`Governor`]: a SpreadPolicy as it is, a
+//! ClusterSpreadPolicy as a stand-in SpreadPolicy named
+//! `ClusterSpreadPolicy/<name>` (the value its workloads' owner annotation
+//! carries, which no SpreadPolicy name can be) with the namespaces it selects.
 
+use crate::api::cluster_spread_policy::ClusterSpreadPolicy;
 use crate::api::spread_policy::SpreadPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::ResourceExt;
-use std::{cmp::Ordering, collections::BTreeMap};
+use kube::api::ObjectMeta;
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, HashMap},
+    ops::Deref,
+    sync::Arc,
+};
+
+/// The labels of the namespaces in scope, by name.
+pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
+
+/// Where a policy applies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scope {
+    /// Its own namespace (a SpreadPolicy).
+    Namespace,
+    /// The namespaces whose labels `namespace_selector` matches (a ClusterSpreadPolicy).
+    Cluster {
+        namespace_selector: LabelSelector,
+        namespaces: Arc<NamespaceLabels>,
+    },
+}
+
+/// A policy as decisions see it (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Governor {
+    pub policy: SpreadPolicy,
+    pub scope: Scope,
+}
+
+/// What a ClusterSpreadPolicy's workloads' owner annotation says.
+pub fn cluster_owner(name: &str) -> String {
+    format!("ClusterSpreadPolicy/{name}")
+}
+
+impl Governor {
+    /// The stand-in of `cp`, seeing the namespaces in `namespaces`.
+    pub fn cluster(cp: &ClusterSpreadPolicy, namespaces: Arc<NamespaceLabels>) -> Self {
+        let m = &cp.metadata;
+        Governor {
+            policy: SpreadPolicy {
+                metadata: ObjectMeta {
+                    name: Some(cluster_owner(&cp.name_any())),
+                    uid: m.uid.clone(),
+                    generation: m.generation,
+                    creation_timestamp: m.creation_timestamp.clone(),
+                    deletion_timestamp: m.deletion_timestamp.clone(),
+                    ..Default::default()
+                },
+                spec: cp.spec.policy.clone(),
+                status: None,
+            },
+            scope: Scope::Cluster {
+                namespace_selector: cp.spec.namespace_selector.clone(),
+                namespaces,
+            },
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.scope, Scope::Cluster { .. })
+    }
+
+    /// `SpreadPolicy web-ha` or `ClusterSpreadPolicy zones`, as messages name it.
+    pub fn display(&self) -> String {
+        let name = self.policy.name_any();
+        if self.is_cluster() {
+            name.replacen('/', " ", 1)
+        } else {
+            format!("SpreadPolicy {name}")
+        }
+    }
+
+    /// Whether the policy applies in namespace `ns`.
+    pub fn covers(&self, ns: &str) -> bool {
+        match &self.scope {
+            Scope::Namespace => self.policy.namespace().as_deref() == Some(ns),
+            Scope::Cluster {
+                namespace_selector,
+                namespaces,
+            } => namespaces
+                .get(ns)
+                .is_some_and(|labels| matches(namespace_selector, labels)),
+        }
+    }
+}
+
+impl From<SpreadPolicy> for Governor {
+    fn from(policy: SpreadPolicy) -> Self {
+        Governor {
+            policy,
+            scope: Scope::Namespace,
+        }
+    }
+}
+
+impl Deref for Governor {
+    type Target = SpreadPolicy;
+    fn deref(&self) -> &SpreadPolicy {
+        &self.policy
+    }
+}
+
+impl AsRef<Governor> for Governor {
+    fn as_ref(&self) -> &Governor {
+        self
+    }
+}
 
 use super::workload::Workload;
 
@@ -72,21 +187,21 @@ fn requirement(e: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) 
     }
 }
 
-/// Whether `policy` selects `workload`: same namespace, a kind it lists, and
-/// labels its selector matches. Policies being deleted select nothing.
-pub fn selects(policy: &SpreadPolicy, workload: &Workload) -> bool {
+/// Whether `policy` selects `workload`: a namespace it covers, a kind it lists,
+/// and labels its selector matches. Policies being deleted select nothing.
+pub fn selects(policy: &Governor, workload: &Workload) -> bool {
     policy.metadata.deletion_timestamp.is_none()
-        && policy.namespace().as_deref() == Some(workload.namespace.as_str())
+        && policy.covers(&workload.namespace)
         && policy.spec.kinds.contains(&workload.kind)
         && matches(&policy.spec.selector, &workload.labels)
 }
 
-/// Orders policies so that the winner comes first: higher priority, then
-/// older, then the smaller name.
-pub fn precedence(a: &SpreadPolicy, b: &SpreadPolicy) -> Ordering {
-    b.spec
-        .priority
-        .cmp(&a.spec.priority)
+/// Orders policies so that the winner comes first: a SpreadPolicy before a
+/// ClusterSpreadPolicy, then higher priority, then older, then the smaller name.
+pub fn precedence(a: &Governor, b: &Governor) -> Ordering {
+    a.is_cluster()
+        .cmp(&b.is_cluster())
+        .then_with(|| b.spec.priority.cmp(&a.spec.priority))
         .then_with(|| {
             a.metadata
                 .creation_timestamp
@@ -96,10 +211,10 @@ pub fn precedence(a: &SpreadPolicy, b: &SpreadPolicy) -> Ordering {
 }
 
 /// The policy that governs `workload` among `policies`, if any selects it.
-pub fn winner<'a, P: AsRef<SpreadPolicy>>(
+pub fn winner<'a, P: AsRef<Governor>>(
     policies: &'a [P],
     workload: &Workload,
-) -> Option<&'a SpreadPolicy> {
+) -> Option<&'a Governor> {
     policies
         .iter()
         .map(AsRef::as_ref)
@@ -138,8 +253,49 @@ mod tests {
         p
     }
 
-    fn arcs(ps: Vec<SpreadPolicy>) -> Vec<std::sync::Arc<SpreadPolicy>> {
-        ps.into_iter().map(std::sync::Arc::new).collect()
+    fn arcs(ps: Vec<SpreadPolicy>) -> Vec<std::sync::Arc<Governor>> {
+        ps.into_iter()
+            .map(|p| std::sync::Arc::new(Governor::from(p)))
+            .collect()
+    }
+
+    fn cluster(name: &str, priority: i32, team: &str) -> Governor {
+        let cp: ClusterSpreadPolicy = serde_json::from_value(json!({
+            "apiVersion": "ballast.dev/v1alpha1", "kind": "ClusterSpreadPolicy",
+            "metadata": {"name": name, "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"namespaceSelector": {"matchLabels": {"team": team}},
+                     "selector": {"matchLabels": {"tier": "web"}}, "priority": priority,
+                     "spread": [{"topologyKey": "topology.kubernetes.io/zone", "mode": "Required"}]},
+        }))
+        .unwrap();
+        let namespaces = NamespaceLabels::from([
+            ("shop".to_string(), labels(&[("team", "a")])),
+            ("other".to_string(), labels(&[("team", "b")])),
+        ]);
+        Governor::cluster(&cp, Arc::new(namespaces))
+    }
+
+    #[test]
+    fn a_namespaced_policy_wins_over_any_cluster_policy_and_cluster_policies_go_by_priority() {
+        let w = web();
+        let mut ps = vec![
+            Arc::new(cluster("zones", 1000, "a")),
+            Arc::new(Governor::from(policy("local", -1000, 999))),
+        ];
+        assert_eq!(winner(&ps, &w).unwrap().name_any(), "local");
+        ps.remove(1);
+        ps.push(Arc::new(cluster("hosts", 1001, "a")));
+        let g = winner(&ps, &w).unwrap();
+        assert_eq!(
+            (g.name_any(), g.display()),
+            (
+                "ClusterSpreadPolicy/hosts".to_string(),
+                "ClusterSpreadPolicy hosts".to_string()
+            )
+        );
+        // Only the namespaces its selector picks.
+        let elsewhere = vec![Arc::new(cluster("b-only", 0, "b"))];
+        assert!(winner(&elsewhere, &w).is_none());
     }
 
     fn web() -> Workload {
@@ -221,6 +377,6 @@ mod tests {
     fn kinds_restrict_the_selection() {
         let mut p = policy("a", 0, 100);
         p.spec.kinds = vec![WorkloadKind::StatefulSet];
-        assert!(!selects(&p, &web()));
+        assert!(!selects(&Governor::from(p), &web()));
     }
 }

@@ -6,6 +6,7 @@
 use super::plan::{Plan, state};
 use crate::api::common::{
     CONDITION_CONFLICTED, CONDITION_INFEASIBLE, CONDITION_PROGRESSING, CONDITION_READY,
+    CONDITION_SKEWED,
 };
 use crate::api::spread_policy::{SpreadPolicy, SpreadPolicyStatus};
 use crate::k8s::conditions::{Status, find, set_condition};
@@ -29,6 +30,13 @@ pub mod reason {
     pub const INSUFFICIENT_DOMAINS: &str = "InsufficientDomains";
     pub const NODES_MISSING_TOPOLOGY_LABEL: &str = "NodesMissingTopologyLabel";
     pub const FEASIBLE: &str = "Feasible";
+    pub const SKEWED: &str = "Skewed";
+    pub const BALANCED: &str = "Balanced";
+    /// The `Skewed` condition while `rebalance` moves pods back.
+    pub const REBALANCING: &str = "Rebalancing";
+    /// Events only: a pod evicted to rebalance, and an eviction a PodDisruptionBudget refused.
+    pub const POD_EVICTED: &str = "PodEvicted";
+    pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
     /// Events only: workloads written with the policy's terms, or with them taken out.
     pub const TERMS_APPLIED: &str = "TermsApplied";
     pub const TERMS_REMOVED: &str = "TermsRemoved";
@@ -221,6 +229,32 @@ pub fn build(
         );
     }
 
+    if plan.skewed.is_empty() {
+        set_condition(
+            &mut conditions,
+            CONDITION_SKEWED,
+            Status::False,
+            reason::BALANCED,
+            "the running pods of every governed workload are spread as the policy asks",
+            generation,
+            now,
+        );
+    } else {
+        set_condition(
+            &mut conditions,
+            CONDITION_SKEWED,
+            Status::True,
+            if plan.rebalancing {
+                reason::REBALANCING
+            } else {
+                reason::SKEWED
+            },
+            join_bounded(&plan.skewed),
+            generation,
+            now,
+        );
+    }
+
     let mut workloads = plan.workloads.clone();
     for (w, msg) in write_errors {
         if let Some(s) = workloads
@@ -239,6 +273,46 @@ pub fn build(
         applied: Some(plan.applied),
         domains: plan.domains.clone(),
         workloads,
+        distribution: Some(plan.distribution.clone()),
+    }
+}
+
+/// Whether `new` differs from `old` only in `distribution`: pods coming and going, which
+/// [`Pacer`] holds to one status write per [`DISTRIBUTION_EVERY`].
+pub fn only_distribution_changed(old: &SpreadPolicyStatus, new: &SpreadPolicyStatus) -> bool {
+    let strip = |s: &SpreadPolicyStatus| SpreadPolicyStatus {
+        distribution: None,
+        ..s.clone()
+    };
+    strip(old) == strip(new)
+}
+
+/// How often a policy's status is written when only where its pods run changed.
+pub const DISTRIBUTION_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Holds status writes that only move pod counts to one per [`DISTRIBUTION_EVERY`] per policy,
+/// so pods coming and going (a rollout, a scale, churn) do not become a stream of status
+/// writes. Any other change is written at once. In memory: a restart writes at once.
+#[derive(Default)]
+pub struct Pacer {
+    last: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+impl Pacer {
+    /// How long the status write of `key` must wait (`None`: write now).
+    pub fn wait(&self, key: &str, now: std::time::Instant) -> Option<std::time::Duration> {
+        let last = self.last.lock().expect("not poisoned");
+        let since = now.saturating_duration_since(*last.get(key)?);
+        DISTRIBUTION_EVERY
+            .checked_sub(since)
+            .filter(|d| !d.is_zero())
+    }
+
+    pub fn wrote(&self, key: &str, now: std::time::Instant) {
+        let mut last = self.last.lock().expect("not poisoned");
+        // Forget what is past the window, so the map holds only recent writers.
+        last.retain(|_, t| now.saturating_duration_since(*t) < DISTRIBUTION_EVERY);
+        last.insert(key.to_string(), now);
     }
 }
 
@@ -264,6 +338,15 @@ pub fn events_for(old: &[Condition], new: &[Condition]) -> Vec<EventSpec> {
                 out.push((false, "Feasible", c.message))
             }
             _ => {}
+        }
+    }
+    if let Some(c) = changed(CONDITION_SKEWED) {
+        if c.status == "True" && c.reason == reason::SKEWED {
+            out.push((true, reason::SKEWED, c.message));
+        } else if c.status == "True" {
+            out.push((false, reason::REBALANCING, c.message));
+        } else if find(old, CONDITION_SKEWED).is_some() {
+            out.push((false, reason::BALANCED, c.message));
         }
     }
     if let Some(c) = changed(CONDITION_CONFLICTED)
@@ -394,6 +477,70 @@ mod tests {
             "lastTransitionTime does not move"
         );
         assert!(events_for(&s1.conditions, &s2.conditions).is_empty());
+    }
+
+    #[test]
+    fn skewed_workloads_set_the_condition_and_an_event_and_back() {
+        let plan = Plan {
+            matched: 1,
+            applied: 1,
+            skewed: vec!["web: topology.kubernetes.io/zone skew 3 > 1 (a 0, b 3, c 3)".into()],
+            ..Default::default()
+        };
+        let s = build(&policy(), &plan, &[], Timestamp::now());
+        let c = find(&s.conditions, CONDITION_SKEWED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reason::SKEWED)
+        );
+        assert!(
+            events_for(&[], &s.conditions)
+                .iter()
+                .any(|(warn, r, _)| *warn && *r == "Skewed")
+        );
+        let mut p = policy();
+        p.status = Some(s.clone());
+        let even = build(
+            &p,
+            &Plan {
+                skewed: vec![],
+                ..plan
+            },
+            &[],
+            Timestamp::now(),
+        );
+        let events = events_for(&s.conditions, &even.conditions);
+        assert!(
+            events.iter().any(|(warn, r, _)| !*warn && *r == "Balanced"),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn distribution_only_changes_are_paced_and_others_are_not() {
+        let plan = Plan {
+            matched: 1,
+            applied: 1,
+            ..Default::default()
+        };
+        let a = build(&policy(), &plan, &[], Timestamp::now());
+        let mut moved = a.clone();
+        moved.distribution.as_mut().unwrap().running_pods = 7;
+        assert!(only_distribution_changed(&a, &moved));
+        let mut other = moved.clone();
+        other.applied = Some(0);
+        assert!(!only_distribution_changed(&a, &other));
+        let pacer = Pacer::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(pacer.wait("shop/web", t0), None, "never written: now");
+        pacer.wrote("shop/web", t0);
+        let later = t0 + std::time::Duration::from_secs(2);
+        assert_eq!(
+            pacer.wait("shop/web", later),
+            Some(std::time::Duration::from_secs(3))
+        );
+        assert_eq!(pacer.wait("shop/web", t0 + DISTRIBUTION_EVERY), None);
+        assert_eq!(pacer.wait("shop/other", later), None);
     }
 
     #[test]

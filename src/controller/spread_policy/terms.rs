@@ -7,6 +7,14 @@ use k8s_openapi::api::core::v1::{
 };
 use serde::{Deserialize, Serialize};
 
+/// The node inclusion policy ballast sets on its topology spread constraints, for both
+/// `nodeAffinityPolicy` and `nodeTaintsPolicy`: only nodes the pod may run on (its nodeSelector
+/// and required node affinity match, every NoSchedule/NoExecute taint tolerated, which takes out
+/// cordoned and NotReady nodes through the taints their controller sets) count as domains.
+/// The scheduler's default for taints is `Ignore`: a cordoned zone would count as a domain with
+/// no pods, and `DoNotSchedule` would then keep pods Pending that the remaining zones could run.
+pub const NODE_INCLUSION_POLICY: &str = "Honor";
+
 /// The label the Deployment controller puts on every pod of one revision.
 /// Matching on it keeps a rolling update with `maxSurge > 0` from
 /// deadlocking when replicas equal the number of domains: new pods only
@@ -127,11 +135,12 @@ pub fn desired_terms(
                         None
                     },
                     topology_key: s.topology_key.clone(),
+                    node_affinity_policy: Some(NODE_INCLUSION_POLICY.into()),
+                    node_taints_policy: Some(NODE_INCLUSION_POLICY.into()),
                     when_unsatisfiable: match s.mode {
                         Mode::Required => "DoNotSchedule".into(),
                         Mode::Preferred => "ScheduleAnyway".into(),
                     },
-                    ..Default::default()
                 };
                 // A list-map: one constraint per (topologyKey, whenUnsatisfiable).
                 if !t
@@ -258,6 +267,16 @@ mod tests {
             Some(&["pod-template-hash".to_string()][..])
         );
         assert_eq!(zone.label_selector.as_ref(), Some(&web_selector()));
+        for c in [zone, host] {
+            assert_eq!(
+                (
+                    c.node_affinity_policy.as_deref(),
+                    c.node_taints_policy.as_deref()
+                ),
+                (Some("Honor"), Some("Honor")),
+                "only nodes the pods may run on count as domains"
+            );
+        }
     }
 
     #[test]

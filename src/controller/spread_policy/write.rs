@@ -17,10 +17,13 @@
 //! byte for byte what it was before the policy.
 
 use super::plan::{ANNOTATION_POLICY, ANNOTATION_TERMS, Write, record_text};
+use super::pods::DELETION_COST;
+use super::scale_down::CostWrite;
 use super::workload::Workload;
 use crate::api::spread_policy::WorkloadKind;
 use crate::k8s::{SPREAD_POLICY_MANAGER, apply};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
@@ -209,6 +212,36 @@ pub fn apply_body(w: &Write, namespace: &str, live: &Workload) -> Value {
     body
 }
 
+/// The apply configuration of a pod's deletion cost (`cost: None`: none, which takes away the
+/// one ballast set: server-side apply removes a field its manager no longer applies). The
+/// uid pins the pod: a pod deleted and created again under the same name is not written.
+/// Pure.
+pub fn cost_body(namespace: &str, c: &CostWrite) -> Value {
+    let mut metadata = json!({"name": c.pod, "namespace": namespace, "uid": c.uid});
+    if let Some(cost) = c.cost {
+        metadata["annotations"] = json!({DELETION_COST: cost.to_string()});
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata})
+}
+
+/// Applies `body` (from [`cost_body`]) to pod `name`.
+pub async fn write_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    body: &Value,
+) -> kube::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    // Force: with `scaleDown: Balanced` the cost of a governed pod is ballast's to keep.
+    api.patch(
+        name,
+        &apply::params(SPREAD_POLICY_MANAGER, true),
+        &Patch::Apply(body),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// How long a 429 asks us to wait: its `Retry-After` (in the Status details), else `fallback`.
 pub fn throttle_delay(s: &kube::core::Status, fallback: Duration) -> Duration {
     s.details
@@ -281,6 +314,26 @@ mod tests {
     use crate::controller::spread_policy::merge::{Merged, merge};
     use crate::controller::spread_policy::plan::recorded_terms;
     use crate::controller::spread_policy::terms::Terms;
+
+    #[test]
+    fn a_cost_is_applied_with_the_pod_s_uid_and_taken_away_by_applying_none() {
+        let set = CostWrite {
+            pod: "web-1".into(),
+            uid: "u1".into(),
+            cost: Some(-3),
+        };
+        assert_eq!(
+            cost_body("shop", &set),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-1", "namespace": "shop",
+                   "uid": "u1", "annotations": {DELETION_COST: "-3"}}})
+        );
+        let none = CostWrite { cost: None, ..set };
+        assert!(
+            cost_body("shop", &none)["metadata"]
+                .get("annotations")
+                .is_none()
+        );
+    }
 
     #[test]
     fn a_429_waits_as_long_as_the_api_server_asks() {

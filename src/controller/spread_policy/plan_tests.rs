@@ -1,0 +1,220 @@
+use super::*;
+use crate::controller::spread_policy::select::Governor;
+use crate::controller::spread_policy::workload::Rollout;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::json;
+use std::sync::Arc;
+
+fn policy(extra: serde_json::Value) -> SpreadPolicy {
+    let mut spec = json!({"selector": {"matchLabels": {"tier": "web"}},
+        "spread": [{"topologyKey": "zone", "mode": "Required"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    let mut p: SpreadPolicy = serde_json::from_value(json!({
+        "apiVersion": "ballast.dev/v1alpha1", "kind": "SpreadPolicy",
+        "metadata": {"name": "web-ha", "namespace": "shop"}, "spec": spec,
+    }))
+    .unwrap();
+    p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(100).unwrap()));
+    p
+}
+
+fn deleting(mut p: SpreadPolicy) -> SpreadPolicy {
+    p.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(200).unwrap()));
+    p
+}
+
+fn web(name: &str) -> Workload {
+    Workload {
+        kind: WorkloadKind::Deployment,
+        name: name.into(),
+        namespace: "shop".into(),
+        labels: [("tier".to_string(), "web".to_string())].into(),
+        selector: serde_json::from_value(json!({"matchLabels": {"app": name}})).unwrap(),
+        replicas: 3,
+        resource_version: Some("1".into()),
+        ..Default::default()
+    }
+}
+
+/// `w` as it is once `p`'s terms are written into it.
+fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
+    let terms = desired_terms(&p.spec, w.kind, &w.selector);
+    let m = merge(&w, &Terms::default(), &terms);
+    w.affinity.pod_anti_affinity = Some(k8s_openapi::api::core::v1::PodAntiAffinity {
+        required_during_scheduling_ignored_during_execution: Some(m.anti_affinity_required),
+        ..Default::default()
+    });
+    w.record = Some(record_text(&m.ours));
+    w.annotations.insert(ANNOTATION_POLICY.into(), p.name_any());
+    w
+}
+
+fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
+    plan(&Inputs {
+        policy: &Governor::from(p.clone()),
+        policies: &[Arc::new(Governor::from(p.clone()))],
+        budget_used_elsewhere: 0,
+        workloads: ws,
+        nodes: &[],
+        pods: &PodSnapshot::new(),
+        unobserved_writes: &BTreeSet::new(),
+        evicted: &Default::default(),
+        now: Timestamp::from_second(1000).unwrap(),
+    })
+}
+
+#[test]
+fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
+    // Required over `zone`, two zones: 3 replicas leave 1 Pending, 5 leave 3, 2 none.
+    let p = policy(json!({}));
+    let nodes: Vec<NodeInfo> = ["a", "b"]
+        .iter()
+        .map(|z| NodeInfo {
+            name: format!("n-{z}"),
+            labels: [("zone".to_string(), z.to_string())].into(),
+            ready: true,
+            ..Default::default()
+        })
+        .collect();
+    let mut big = web("b");
+    big.replicas = 5;
+    let mut small = web("c");
+    small.replicas = 2;
+    let out = plan(&Inputs {
+        policy: &Governor::from(p.clone()),
+        policies: &[Arc::new(Governor::from(p.clone()))],
+        budget_used_elsewhere: 0,
+        workloads: &[web("a"), big, small],
+        nodes: &nodes,
+        pods: &PodSnapshot::new(),
+        unobserved_writes: &BTreeSet::new(),
+        evicted: &Default::default(),
+        now: Timestamp::from_second(1000).unwrap(),
+    });
+    assert_eq!(out.shortfalls.len(), 2, "{:?}", out.shortfalls);
+    assert_eq!(out.pending, 4);
+}
+
+#[test]
+fn a_converged_workload_needs_no_write() {
+    let p = policy(json!({}));
+    let out = run(&p, &[carrying(&p, web("a"))]);
+    assert!(out.writes.is_empty(), "{:?}", out.writes);
+    assert_eq!(out.applied, 1);
+}
+
+#[test]
+fn deleting_a_suspended_policy_still_takes_its_terms_out() {
+    let p = policy(json!({"suspend": true}));
+    let ws = [carrying(&p, web("a"))];
+    assert!(run(&p, &ws).writes.is_empty(), "suspended: nothing new");
+    let out = run(&deleting(p), &ws);
+    assert_eq!(out.writes.len(), 1);
+    assert!(out.writes[0].is_removal());
+    assert!(out.writes[0].merged.anti_affinity_required.is_empty());
+    assert!(!out.released, "released once the removal is seen");
+}
+
+#[test]
+fn an_unhealthy_workload_whose_rollout_completed_does_not_hold_up_pacing() {
+    let p = policy(json!({}));
+    let mut a = carrying(&p, web("a"));
+    a.rollout = Rollout::Complete; // 2 of 5 Pending, rollout done
+    let out = run(&p, &[a.clone(), web("b")]);
+    assert_eq!(out.in_flight, 0);
+    assert_eq!(out.writes.len(), 1);
+    // A paused one with a new template is in flight; past its bound it is Stalled.
+    a.rollout = Rollout::InProgress;
+    let out = run(&p, &[a.clone(), web("b")]);
+    assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
+    a.rollout = Rollout::Stalled;
+    assert_eq!(run(&p, &[a, web("b")]).writes.len(), 1);
+}
+
+#[test]
+fn a_workload_in_flight_is_not_held_up_by_itself() {
+    // Stuck in its own rollout (5 replicas, 3 zones, from the start): the
+    // policy's deletion takes the terms out at once.
+    let p = policy(json!({}));
+    let mut stuck = carrying(&p, web("a"));
+    stuck.rollout = Rollout::InProgress;
+    let out = run(
+        &deleting(p.clone()),
+        &[stuck.clone(), carrying(&p, web("b"))],
+    );
+    assert_eq!(out.writes.len(), 1, "{:?}", out.workloads);
+    assert_eq!(out.writes[0].name, "a");
+    assert_eq!(out.waiting, 1, "b waits for a");
+}
+
+#[test]
+fn a_removal_still_rolling_out_counts_against_max_concurrent() {
+    let p = deleting(policy(json!({})));
+    let mut gone = web("a");
+    gone.rollout = Rollout::InProgress;
+    gone.rolling_for = Some("web-ha".into());
+    let out = run(&p, &[gone, carrying(&p, web("b"))]);
+    assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
+}
+
+#[test]
+fn a_workload_being_deleted_is_not_written_and_does_not_hold_up_deletion() {
+    let p = policy(json!({}));
+    let mut w = carrying(&p, web("a"));
+    w.deleting = true;
+    w.rollout = Rollout::InProgress;
+    let out = run(&deleting(p), &[w]);
+    assert!(out.writes.is_empty());
+    assert!(out.released);
+}
+
+#[test]
+fn a_template_put_back_with_its_own_record_is_brought_to_the_policy_once() {
+    // Policy v1 wrote a zone term; v2 wants host instead. `kubectl rollout
+    // undo` put the v1 template back, record and all.
+    let v1 = policy(json!({}));
+    let v2 = policy(json!({"spread": [{"topologyKey": "host", "mode": "Required"}]}));
+    let mut user = web("a");
+    user.affinity = serde_json::from_value(json!({"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": "host"}]}}))
+    .unwrap();
+    let undone = carrying(&v1, user.clone());
+    let out = run(&v2, &[undone]);
+    let w = &out.writes[0];
+    let keys: Vec<&str> = w
+        .merged
+        .anti_affinity_required
+        .iter()
+        .map(|t| t.topology_key.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        ["host", "host"],
+        "the user's term, then v2's; v1's gone"
+    );
+    assert_eq!(
+        w.merged.anti_affinity_required[0],
+        user.affinity
+            .pod_anti_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()[0]
+    );
+    assert!(w.merged.template_changed);
+}
+
+#[test]
+fn a_record_that_differs_from_the_template_terms_is_a_template_change() {
+    let p = policy(json!({}));
+    let mut w = carrying(&p, web("a"));
+    w.record = None; // someone dropped the record: the terms become the user's
+    let out = run(&p, &[w.clone()]);
+    assert!(out.writes.is_empty(), "{:?}", out.writes);
+    w.record = Some("{\"antiAffinityRequired\":[]}".into());
+    let out = run(&p, &[w]);
+    assert!(out.writes[0].merged.template_changed);
+}
