@@ -51,7 +51,12 @@ bench-cluster: ## Cluster benchmarks against the local control plane (starts it 
 	  for b in $(CLUSTER_BENCHES); do \
 	    KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" $(CARGO) bench --bench "$$b" || failed="$$failed $$b"; \
 	  done; \
+	  $(CARGO) bench --bench plots; \
 	  if [ -n "$$failed" ]; then echo "bench-cluster: failed:$$failed" >&2; exit 1; fi
+
+.PHONY: bench-plots
+bench-plots: ## Draw docs/performance/*.svg from the newest results in bench/results/
+	$(CARGO) bench --bench plots
 
 .PHONY: install-plugin
 install-plugin: ## Install the kubectl plugin (kubectl ballast) into ~/.cargo/bin

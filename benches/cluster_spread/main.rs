@@ -21,6 +21,9 @@
 //!   `ballast_api_requests_total` (scraped on loopback before the policy and once it has been
 //!   quiet after convergence), and its resident memory (`/proc`: now and peak).
 //!
+//! - P3, a restart with N converged, and P2, the steady state with scale churn (at one N: see
+//!   `steady.rs`), with the same operator.
+//!
 //! All namespaces are filled before any phase, so the deployment controller's backlog
 //! (it is limited to 20 requests/s and lags behind creations and template changes alike) is the
 //! same background for all phases. The operator is stopped, the policy's finalizer dropped and the
@@ -30,9 +33,12 @@
 //! to `bench/results/cluster_spread-<UTC time>.json`. Settings (environment):
 //! BALLAST_BENCH_SPREAD_N (`1000,5000`), BALLAST_BENCH_CONCURRENCY (8: creations in flight
 //! during setup), BALLAST_BENCH_QUIET_SECS (5: how long the operator's request counter must
-//! stand still before and after the measured phase). Results: docs/benchmarks.md.
+//! stand still before and after the measured phase), BALLAST_BENCH_STEADY_N (the largest size up
+//! to 5000; 0 skips P2), BALLAST_BENCH_STEADY_SECS (600), BALLAST_BENCH_CHURN_PERIOD_SECS (150),
+//! BALLAST_BENCH_STEADY_QUIET_SECS (60). Results: docs/benchmarks.md and docs/performance.md.
 
-#[path = "support/mod.rs"]
+mod steady;
+#[path = "../support/mod.rs"]
 mod support;
 use support::operator::{
     Operator, admission_synced, controller_counters, machine, operator_kubeconfig,
@@ -77,6 +83,10 @@ struct Settings {
     /// build, on the test cluster). Only the rows that count (writes, requests) must pass; times
     /// and memory are printed, not judged, and the results go to target/, not bench/results/.
     smoke: bool,
+    /// P2 runs at this N (`BALLAST_BENCH_STEADY_N`; by default the largest of the sizes up to
+    /// 5000, the size of the memory goal; 0: not at all).
+    steady_n: usize,
+    steady: steady::SteadySettings,
 }
 
 impl Settings {
@@ -96,7 +106,15 @@ impl Settings {
             !sizes.is_empty() && sizes.iter().all(|n| *n > 0),
             "BALLAST_BENCH_SPREAD_N must list sizes of at least 1"
         );
+        let default_steady = sizes
+            .iter()
+            .copied()
+            .filter(|n| *n <= 5000)
+            .max()
+            .unwrap_or(0);
         Ok(Settings {
+            steady_n: env_usize("BALLAST_BENCH_STEADY_N", default_steady)?,
+            steady: steady::SteadySettings::from_env(smoke)?,
             sizes,
             concurrency: env_usize("BALLAST_BENCH_CONCURRENCY", 8)?,
             quiet: Duration::from_secs(env_usize("BALLAST_BENCH_QUIET_SECS", 5)? as u64),
@@ -308,6 +326,8 @@ struct SizeResult {
     restart_secs: f64,
     /// Deployment writes of the restarted operator until quiet (the late one's only).
     restart_writes: u64,
+    /// P2, at one of the sizes.
+    steady: Option<steady::SteadyResult>,
 }
 
 /// A watch of `api`'s Deployments, past its initial list (in which none carries the term yet).
@@ -548,6 +568,25 @@ async fn measure(
         })
         .map(|(_, v)| v)
         .sum();
+    // P2: the steady state, with the restarted operator.
+    let steady = if n == s.steady_n {
+        let mut names: Vec<String> = ballast_ds.iter().map(|d| d.name_any()).collect();
+        names.push("late".into());
+        Some(
+            steady::measure(
+                &s.steady,
+                &ballast_api,
+                &policies,
+                POLICY,
+                &names,
+                &mut operator,
+                s.quiet,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     cleanup.operator = Some(operator);
     let delta = after.since(&before);
     let ballast_template_writes = delta
@@ -587,6 +626,7 @@ async fn measure(
         spread_counters,
         restart_secs,
         restart_writes,
+        steady,
     })
 }
 
@@ -606,7 +646,7 @@ impl Row {
     /// A row that counts (writes, requests) rather than times or weighs: it must pass on any
     /// machine and build, the smoke run's too.
     fn counts(&self) -> bool {
-        self.id == "P8" || self.goal.starts_with("= ")
+        self.id == "P8" || self.id == "P2" || self.goal.starts_with("= ")
     }
 }
 
@@ -676,6 +716,42 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             goal: "= 1 (the new one)".into(),
             pass: r.restart_writes == 1,
         });
+        if let Some(st) = &r.steady {
+            let what = format!(
+                "N={}: {:.0} s of scale churn on {} workloads ({} scale changes)",
+                r.n, st.secs, st.churned, st.scale_changes
+            );
+            rows.push(Row {
+                id: "P2",
+                measure: format!("{what}: template writes"),
+                floor: "0".into(),
+                ballast: st.template_writes.to_string(),
+                ratio: String::new(),
+                goal: "= 0".into(),
+                pass: st.template_writes == 0,
+            });
+            rows.push(Row {
+                id: "P2",
+                measure: format!("{what}: status writes / status changes seen"),
+                floor: String::new(),
+                ballast: format!("{} / {}", st.status_writes, st.status_changes_seen),
+                ratio: String::new(),
+                goal: "≤ changes seen".into(),
+                pass: st.status_writes <= st.status_changes_seen,
+            });
+            rows.push(Row {
+                id: "P2",
+                measure: format!(
+                    "N={}: API requests in {:.0} s with nothing changing (watches, Lease aside)",
+                    r.n, st.quiet_secs
+                ),
+                floor: "0".into(),
+                ballast: st.quiet_requests.to_string(),
+                ratio: String::new(),
+                goal: "= 0".into(),
+                pass: st.quiet_requests == 0,
+            });
+        }
         // The goals: 48 MiB at 5000, 128 MiB at 20000; smaller N must fit the former.
         let goal = if r.n > 5000 { 128.0 } else { 48.0 };
         rows.push(Row {
@@ -779,7 +855,12 @@ async fn run(s: &Settings) -> Result<()> {
         "started": started.to_string(),
         "machine": machine(),
         "kubernetes": version,
-        "settings": {"sizes": s.sizes, "concurrency": s.concurrency, "quiet_secs": s.quiet.as_secs()},
+        "settings": {
+            "sizes": s.sizes, "concurrency": s.concurrency, "quiet_secs": s.quiet.as_secs(),
+            "steady_n": s.steady_n, "steady_secs": s.steady.secs,
+            "churn_period_secs": s.steady.churn_period.as_secs(),
+            "steady_quiet_secs": s.steady.quiet.as_secs(),
+        },
         "rows": rows,
         "sizes": results,
     });
