@@ -9,6 +9,12 @@
 //!   again under the same name is a new one and inherits nothing.
 //! - when each rollout under way was first seen, which bounds how long a
 //!   rollout without progress holds up the others (see [`workload::bound`]).
+//! - the pod template each workload last completed a rollout of. Until its
+//!   controller observes a change, a workload's status cannot say whether the
+//!   change was a new template (a rollout) or, say, a scale; a change that left
+//!   the template it had rolled out as it was is no rollout. Without this, every
+//!   scale of a governed workload counted as a rollout for a moment: it held up
+//!   pacing and flipped the policy's `Progressing` condition twice (issue 9, P2).
 //!
 //! Kept in memory only: after a restart the bounds start again, which only
 //! ever waits longer, never writes more. Pure apart from the clock the caller
@@ -37,6 +43,8 @@ struct Written {
 pub struct Tracker {
     writes: HashMap<Key, Written>,
     rolling_since: HashMap<Key, Timestamp>,
+    /// The uid and template hash of each workload when it was last seen rolled out.
+    settled: HashMap<Key, (Option<String>, u64)>,
 }
 
 /// What the tracker tells one reconcile about a namespace.
@@ -82,9 +90,21 @@ impl Tracker {
         let gone = |k: &Key| k.0 == ns && !present.contains(&(k.1, k.2.as_str()));
         self.writes.retain(|k, _| !gone(k));
         self.rolling_since.retain(|k, _| !gone(k));
+        self.settled.retain(|k, _| !gone(k));
 
         for w in workloads.iter_mut() {
             let key: Key = (ns.to_string(), w.kind, w.name.clone());
+            if !w.unobserved && w.rollout == Rollout::Complete {
+                self.settled
+                    .insert(key.clone(), (w.uid.clone(), w.template_hash));
+            } else if w.unobserved
+                && w.rollout == Rollout::InProgress
+                && !self.writes.contains_key(&key)
+                && self.settled.get(&key) == Some(&(w.uid.clone(), w.template_hash))
+            {
+                // Changed outside the pod template it had rolled out: no rollout.
+                w.rollout = Rollout::Complete;
+            }
             if w.rollout == Rollout::InProgress && !w.deleting {
                 let first = *self.rolling_since.entry(key.clone()).or_insert(now);
                 if let Some(left) = workload::bound(w, first, now) {
@@ -165,6 +185,61 @@ mod tests {
         let mut ws = [web(2, "u1", Rollout::InProgress)];
         tr.observe("shop", &mut ws, t(T0));
         assert_eq!(ws[0].rolling_for, None, "forgotten once complete");
+    }
+
+    /// `web` whose controller has not observed its last change yet, with template `hash`.
+    fn changed(generation: i64, hash: u64) -> Workload {
+        Workload {
+            unobserved: true,
+            template_hash: hash,
+            ..web(generation, "u1", Rollout::InProgress)
+        }
+    }
+
+    #[test]
+    fn a_scale_of_a_rolled_out_template_is_no_rollout_but_a_new_template_is() {
+        let mut tr = Tracker::default();
+        let settled = Workload {
+            template_hash: 7,
+            ..web(1, "u1", Rollout::Complete)
+        };
+        tr.observe("shop", &mut [settled], t(T0));
+        // A scale: the same template, not observed yet.
+        let mut ws = [changed(2, 7)];
+        tr.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rollout, Rollout::Complete);
+        // A new template is a rollout until its controller says it is done.
+        let mut ws = [changed(3, 8)];
+        tr.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rollout, Rollout::InProgress);
+        // So is a workload created again under the name, and one never seen rolled out.
+        let mut ws = [Workload {
+            uid: Some("u2".into()),
+            ..changed(1, 7)
+        }];
+        tr.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rollout, Rollout::InProgress);
+        let mut fresh = Tracker::default();
+        let mut ws = [changed(2, 7)];
+        fresh.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rollout, Rollout::InProgress);
+    }
+
+    #[test]
+    fn a_template_change_of_ours_not_observed_yet_is_a_rollout_whatever_the_hash() {
+        let mut tr = Tracker::default();
+        tr.observe(
+            "shop",
+            &mut [Workload {
+                template_hash: 7,
+                ..web(1, "u1", Rollout::Complete)
+            }],
+            t(T0),
+        );
+        tr.wrote(key(), "web-ha", Some("u1".into()), 2);
+        let mut ws = [changed(2, 7)];
+        tr.observe("shop", &mut ws, t(T0));
+        assert_eq!(ws[0].rollout, Rollout::InProgress);
     }
 
     #[test]

@@ -84,6 +84,12 @@ pub struct Workload {
     /// when ballast knows (set by the controller from its own writes; a
     /// removal leaves no annotation behind to tell).
     pub rolling_for: Option<String>,
+    /// The workload's controller has not observed its current generation yet: its status
+    /// still describes the spec before the last change.
+    pub unobserved: bool,
+    /// A hash of the whole pod template: the controller tells a change of the template (a
+    /// rollout) from any other change of the spec (a scale) by it (see `tracker.rs`).
+    pub template_hash: u64,
 }
 
 impl Workload {
@@ -94,6 +100,12 @@ impl Workload {
 
     fn with_template(mut self, template: Option<&PodTemplateSpec>) -> Self {
         let Some(t) = template else { return self };
+        self.template_hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            serde_json::to_vec(t).unwrap_or_default().hash(&mut h);
+            h.finish()
+        };
         self.record = t
             .metadata
             .as_ref()
@@ -135,6 +147,10 @@ impl Workload {
             selector: spec.map(|s| s.selector.clone()).unwrap_or_default(),
             replicas,
             rollout: deployment_rollout(d),
+            unobserved: !observed_current(
+                d.metadata.generation,
+                d.status.as_ref().and_then(|s| s.observed_generation),
+            ),
             progress_at: deployment_progress_at(d),
             progress_deadline: deadline.min(MAX_PROGRESS_DEADLINE),
             ..Default::default()
@@ -157,6 +173,10 @@ impl Workload {
             selector: spec.map(|s| s.selector.clone()).unwrap_or_default(),
             replicas: spec.and_then(|s| s.replicas).unwrap_or(1),
             rollout: stateful_set_rollout(s),
+            unobserved: !observed_current(
+                s.metadata.generation,
+                s.status.as_ref().and_then(|s| s.observed_generation),
+            ),
             progress_deadline: DEFAULT_PROGRESS_DEADLINE,
             ..Default::default()
         };
