@@ -77,6 +77,79 @@ pub async fn caches_ready(
     }
 }
 
+/// Whether the caches a controller decides on have been filled.
+///
+/// Not kube-runtime's `Store::wait_until_ready`: it keeps one waker per store (a oneshot
+/// receiver behind a lock), so of several tasks waiting on one store at once only the last to
+/// poll is woken, and kube's own controller already waits on its main store that way. With two
+/// controllers sharing stores, a reconcile's wait lost that wake-up: a manager restarted with a
+/// policy in place made its first write after a 30 s limit instead of at once. Here each watch
+/// marks its cache filled as its first list passes by ([`CachesReady::filled`]), and any number
+/// of reconciles can wait for all of them.
+#[derive(Clone)]
+pub struct CachesReady {
+    caches: Vec<(&'static str, tokio::sync::watch::Receiver<bool>)>,
+}
+
+/// Marks one cache filled (see [`CachesReady::filled`]).
+#[derive(Clone)]
+pub struct Filled(std::sync::Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Filled {
+    pub fn mark(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// For `.inspect` on a watch's events, after `.reflect` has stored them: marks the cache
+    /// filled once the first list is complete.
+    pub fn on_init_done<K, E>(self) -> impl FnMut(&Result<kube::runtime::watcher::Event<K>, E>) {
+        move |ev| {
+            if let Ok(kube::runtime::watcher::Event::InitDone) = ev {
+                self.mark();
+            }
+        }
+    }
+}
+
+impl CachesReady {
+    pub fn new() -> Self {
+        CachesReady { caches: Vec::new() }
+    }
+
+    /// A cache named `name` to wait for, and what marks it filled.
+    pub fn filled(&mut self, name: &'static str) -> Filled {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        self.caches.push((name, rx));
+        Filled(std::sync::Arc::new(tx))
+    }
+
+    /// Resolves once every cache is filled.
+    pub async fn wait(&self) {
+        for (_, rx) in &self.caches {
+            let mut rx = rx.clone();
+            if rx.wait_for(|filled| *filled).await.is_err() {
+                // Its watch is gone: the controller is stopping.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The caches not filled yet.
+    pub fn unfilled(&self) -> Vec<&'static str> {
+        self.caches
+            .iter()
+            .filter(|(_, rx)| !*rx.borrow())
+            .map(|(name, _)| *name)
+            .collect()
+    }
+}
+
+impl Default for CachesReady {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Turns any future into a [`ShutdownSignal`].
 pub fn shutdown_signal(
     f: impl std::future::Future<Output = ()> + Send + 'static,

@@ -3,8 +3,8 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("the caches of workloads and nodes are not ready yet")]
-    CacheNotReady,
+    #[error("the caches are not filled yet: {0}")]
+    CacheNotReady(String),
     #[error("the policy changed since it was read")]
     Stale,
     #[error("updating the finalizer: {0}")]
@@ -30,7 +30,7 @@ pub enum Error {
 impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::CacheNotReady => "CacheNotReady",
+            Error::CacheNotReady(_) => "CacheNotReady",
             Error::Stale => "Stale",
             Error::Finalizer(_) => "FinalizerUpdateFailed",
             Error::Write { .. } => "WriteFailed",

@@ -105,6 +105,8 @@ pub struct State {
     nodes: Store<Node>,
     /// The pods of the workloads, by workload.
     pods: Arc<PodIndex>,
+    /// Whether all of the caches above are filled.
+    ready: super::CachesReady,
     /// Holds status writes that only move pod counts to one every few seconds.
     pacer: status::Pacer,
     /// When each workload's last rebalancing batch went (in memory: after a restart the next
@@ -125,19 +127,10 @@ impl State {
     }
 
     async fn caches_ready(&self) -> Result<(), Error> {
-        let ready = async {
-            let _ = self.policies.wait_until_ready().await;
-            let _ = self.cluster_policies.wait_until_ready().await;
-            let _ = self.namespaces.wait_until_ready().await;
-            let _ = self.deployments.wait_until_ready().await;
-            let _ = self.stateful_sets.wait_until_ready().await;
-            let _ = self.nodes.wait_until_ready().await;
-            self.pods.wait_until_ready().await;
-        };
-        if super::caches_ready(ready, &self.shutdown, Duration::from_secs(30)).await {
+        if super::caches_ready(self.ready.wait(), &self.shutdown, Duration::from_secs(30)).await {
             Ok(())
         } else {
-            Err(Error::CacheNotReady)
+            Err(Error::CacheNotReady(self.ready.unfilled().join(", ")))
         }
     }
 }
@@ -147,6 +140,7 @@ impl State {
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
     let health = &ctx.health;
+    let mut ready = super::CachesReady::new();
     let (deployments, deploy_writer) = reflector::store();
     let deploy_stream = super::watch(
         ctx.scoped_api::<Cached<Deployment>>(),
@@ -155,6 +149,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/deployments",
     )
     .reflect(deploy_writer)
+    .inspect(ready.filled("deployments").on_init_done())
     .filter(Relevant::filter())
     .touched_objects();
     let (stateful_sets, sts_writer) = reflector::store();
@@ -165,6 +160,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/statefulsets",
     )
     .reflect(sts_writer)
+    .inspect(ready.filled("statefulsets").on_init_done())
     .filter(Relevant::filter())
     .touched_objects();
     let (nodes, node_writer) = reflector::store();
@@ -184,6 +180,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         }
     })
     .reflect(node_writer)
+    .inspect(ready.filled("nodes").on_init_done())
     .touched_objects()
     // Heartbeats change nothing that matters: only pass real changes.
     .filter(move |n| {
@@ -209,6 +206,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     )
     .default_backoff()
     .reflect(ns_writer)
+    .inspect(ready.filled("namespaces").on_init_done())
     .touched_objects()
     .filter(move |n| {
         let changed = match n {
@@ -230,6 +228,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/spreadpolicies",
     )
     .reflect(policy_writer)
+    .inspect(ready.filled("spreadpolicies").on_init_done())
     .touched_objects();
     // A change to one policy can hand workloads to its siblings.
     let sibling_stream = super::watch(
@@ -247,6 +246,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         "spread-policy/clusterspreadpolicies",
     )
     .reflect(cluster_writer)
+    .inspect(ready.filled("clusterspreadpolicies").on_init_done())
     .touched_objects();
     let cluster_sibling_stream = super::watch(
         Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
@@ -271,6 +271,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     // gathered over POD_COALESCE.
     let pods = Arc::new(PodIndex::default());
     let index = pods.clone();
+    let pods_filled = ready.filled("pods");
     let t = triggers.clone();
     let pod_stream = super::watch(
         ctx.scoped_api::<WatchedPod>(),
@@ -278,7 +279,16 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         health.clone(),
         "spread-policy/pods",
     )
-    .filter_map(move |ev| futures::future::ready(ev.ok().map(|ev| index.apply(ev))))
+    .filter_map(move |ev| {
+        futures::future::ready(ev.ok().map(|ev| {
+            let filled = matches!(ev, kube::runtime::watcher::Event::InitDone);
+            let changed = index.apply(ev);
+            if filled {
+                pods_filled.mark();
+            }
+            changed
+        }))
+    })
     .flat_map(move |changed| futures::stream::iter(t.for_pods(changed)));
     let pod_triggers = coalesce(pod_stream, POD_COALESCE);
     let reporter = Reporter {
@@ -286,6 +296,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         instance: None,
     };
     let state = Arc::new(State {
+        ready,
         recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
         outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),

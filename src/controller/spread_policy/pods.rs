@@ -376,8 +376,6 @@ pub struct PodIndex {
     files: RwLock<Files>,
     /// Filled by a (re-)list until its end replaces `files`.
     relist: RwLock<Option<Files>>,
-    ready: tokio::sync::Notify,
-    is_ready: std::sync::atomic::AtomicBool,
 }
 
 impl PodIndex {
@@ -417,9 +415,6 @@ impl PodIndex {
                 if let Some(files) = self.relist.write().expect("not poisoned").take() {
                     *self.files.write().expect("not poisoned") = files;
                 }
-                self.is_ready
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.ready.notify_waiters();
                 Changed::All
             }
         }
@@ -458,17 +453,6 @@ impl PodIndex {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Resolves once the first list has been filed.
-    pub async fn wait_until_ready(&self) {
-        loop {
-            let notified = self.ready.notified();
-            if self.is_ready.load(std::sync::atomic::Ordering::Acquire) {
-                return;
-            }
-            notified.await;
-        }
     }
 }
 
