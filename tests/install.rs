@@ -411,7 +411,7 @@ async fn installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their
         .env("DIGEST", DIGEST));
     let file_s = file.to_str().unwrap();
     let objects = identities(&std::fs::read_to_string(&file).unwrap());
-    assert_eq!(objects.len(), 18, "{objects:?}");
+    assert_eq!(objects.len(), 22, "{objects:?}");
     c.kubectl_ok(&["apply", "--server-side", "-f", file_s]);
     assert_eq!(present(&c, &objects).len(), objects.len());
     let image = c.kubectl_ok(&[
