@@ -99,6 +99,7 @@ fn main() {
     let ns = nodes(300);
     let unobserved = BTreeSet::new();
     let pods = pods(&ws, ns.len());
+    let ws: Vec<Arc<Workload>> = ws.into_iter().map(Arc::new).collect();
     bench(
         "plan: 1000 workloads (500 selected, 3 pods each), 300 nodes",
         20,

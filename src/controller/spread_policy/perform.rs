@@ -20,6 +20,7 @@ use kube::{
 };
 use std::{
     collections::HashMap,
+    sync::Arc,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
@@ -73,12 +74,12 @@ pub(super) async fn perform(
     st: &State,
     target: &Target,
     plan: &plan::Plan,
-    workloads: &[Workload],
+    workloads: &[Arc<Workload>],
 ) -> Performed {
     let (ns, name) = (target.ns.clone(), target.name.clone());
     let live: HashMap<(WorkloadKind, &str), &Workload> = workloads
         .iter()
-        .map(|w| ((w.kind, w.name.as_str()), w))
+        .map(|w| ((w.kind, w.name.as_str()), &**w))
         .collect();
     // Set by a 429: the writes not started yet wait for the next reconcile.
     let throttled = AtomicBool::new(false);

@@ -142,7 +142,7 @@ pub struct Inputs<'a> {
     /// Every policy that applies in the workloads' namespace (including itself).
     pub policies: &'a [std::sync::Arc<Governor>],
     /// Deployments and StatefulSets of one namespace.
-    pub workloads: &'a [Workload],
+    pub workloads: &'a [Arc<Workload>],
     /// For a ClusterSpreadPolicy planned namespace by namespace: what other namespaces take
     /// of its `rollout.maxConcurrent` (rolling out there, or written earlier this reconcile).
     pub budget_used_elsewhere: usize,
@@ -263,7 +263,7 @@ pub fn plan(inp: &Inputs) -> Plan {
             .saturating_sub(inp.budget_used_elsewhere)
     };
 
-    let mut workloads: Vec<&Workload> = inp.workloads.iter().collect();
+    let mut workloads: Vec<&Workload> = inp.workloads.iter().map(|w| &**w).collect();
     workloads.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
     let mut statuses = Vec::new();
     let mut warned = BTreeSet::new();
@@ -483,7 +483,7 @@ pub fn plan(inp: &Inputs) -> Plan {
     }
     out.distribution = distribution::summarise(spread.clone());
     out.spread = spread;
-    out.released = !inp.workloads.iter().any(ours)
+    out.released = !inp.workloads.iter().any(|w| ours(w))
         || (policy.spec.deletion_policy == DeletionPolicy::Orphan && deleting);
     // Problems first, then by kind and name; bounded.
     statuses.sort_by_key(|s| (s.state == state::APPLIED, s.kind, s.name.clone()));

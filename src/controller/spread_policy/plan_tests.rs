@@ -53,11 +53,12 @@ fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
 }
 
 fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
+    let ws: Vec<Arc<Workload>> = ws.iter().cloned().map(Arc::new).collect();
     plan(&Inputs {
         policy: &Governor::from(p.clone()),
         policies: &[Arc::new(Governor::from(p.clone()))],
         budget_used_elsewhere: 0,
-        workloads: ws,
+        workloads: &ws,
         nodes: &[],
         pods: &PodSnapshot::new(),
         unobserved_writes: &BTreeSet::new(),
@@ -87,7 +88,7 @@ fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
         policy: &Governor::from(p.clone()),
         policies: &[Arc::new(Governor::from(p.clone()))],
         budget_used_elsewhere: 0,
-        workloads: &[web("a"), big, small],
+        workloads: &[Arc::new(web("a")), Arc::new(big), Arc::new(small)],
         nodes: &nodes,
         pods: &PodSnapshot::new(),
         unobserved_writes: &BTreeSet::new(),

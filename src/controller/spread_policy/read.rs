@@ -20,6 +20,7 @@ use std::{
     collections::{HashMap, HashSet},
     hash::Hash,
     marker::PhantomData,
+    sync::Arc,
     time::Duration,
 };
 
@@ -30,7 +31,9 @@ use std::{
 #[derive(Debug)]
 pub struct Cached<K> {
     metadata: ObjectMeta,
-    pub workload: Workload,
+    /// Shared, not copied: a reconcile reads the views of a whole namespace, and holding a copy
+    /// of each through a fan-out of thousands of writes was most of the manager's peak memory.
+    pub workload: Arc<Workload>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -79,7 +82,7 @@ impl<K: Viewed> Cached<K> {
                 resource_version: m.resource_version.clone(),
                 ..Default::default()
             },
-            workload,
+            workload: Arc::new(workload),
             kind: PhantomData,
         }
     }
@@ -189,20 +192,26 @@ impl Relevant {
         }
     }
 
-    pub fn pass<K>(&mut self, ev: &watcher::Event<K>, view: impl Fn(&K) -> Workload) -> bool {
+    pub fn pass<K, W: std::borrow::Borrow<Workload>>(
+        &mut self,
+        ev: &watcher::Event<K>,
+        view: impl Fn(&K) -> W,
+    ) -> bool {
         match ev {
             watcher::Event::Apply(o) => {
                 let w = view(o);
-                let fp = workload_fingerprint(&w);
-                self.seen.insert(Self::key(&w), fp) != Some(fp)
+                let w = w.borrow();
+                let fp = workload_fingerprint(w);
+                self.seen.insert(Self::key(w), fp) != Some(fp)
             }
             watcher::Event::InitApply(o) => {
                 let w = view(o);
-                self.seen.insert(Self::key(&w), workload_fingerprint(&w));
+                let w = w.borrow();
+                self.seen.insert(Self::key(w), workload_fingerprint(w));
                 true
             }
             watcher::Event::Delete(o) => {
-                self.seen.remove(&Self::key(&view(o)));
+                self.seen.remove(&Self::key(view(o).borrow()));
                 true
             }
             watcher::Event::Init | watcher::Event::InitDone => true,

@@ -78,7 +78,7 @@ pub(super) async fn sync_invalid(
 }
 
 /// The cached Deployments and StatefulSets of `ns`.
-pub(super) fn workloads_in(st: &State, ns: &str) -> Vec<Workload> {
+pub(super) fn workloads_in(st: &State, ns: &str) -> Vec<Arc<Workload>> {
     st.deployments
         .state()
         .iter()

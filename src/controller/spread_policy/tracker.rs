@@ -25,6 +25,7 @@ use crate::api::spread_policy::WorkloadKind;
 use jiff::Timestamp;
 use std::{
     collections::{BTreeSet, HashMap},
+    sync::Arc,
     time::Duration,
 };
 
@@ -80,7 +81,9 @@ impl Tracker {
     /// marks them: rollouts without progress for longer than their bound
     /// become [`Rollout::Stalled`], and a workload still rolling out a write
     /// of ours names the policy in [`Workload::rolling_for`].
-    pub fn observe(&mut self, ns: &str, workloads: &mut [Workload], now: Timestamp) -> Seen {
+    /// Each workload is copied only when something is set on it (its view is shared with the
+    /// cache otherwise).
+    pub fn observe(&mut self, ns: &str, workloads: &mut [Arc<Workload>], now: Timestamp) -> Seen {
         let mut seen = Seen::default();
         let present: BTreeSet<(WorkloadKind, &str)> = workloads
             .iter()
@@ -103,7 +106,7 @@ impl Tracker {
                 && self.settled.get(&key) == Some(&(w.uid.clone(), w.template_hash))
             {
                 // Changed outside the pod template it had rolled out: no rollout.
-                w.rollout = Rollout::Complete;
+                Arc::make_mut(w).rollout = Rollout::Complete;
             }
             if w.rollout == Rollout::InProgress && !w.deleting {
                 let first = *self.rolling_since.entry(key.clone()).or_insert(now);
@@ -123,9 +126,9 @@ impl Tracker {
             }
             if w.generation.unwrap_or(0) < written.generation {
                 seen.unobserved.insert((w.kind, w.name.clone()));
-                w.rolling_for = Some(written.policy.clone());
+                Arc::make_mut(w).rolling_for = Some(written.policy.clone());
             } else if w.rollout == Rollout::InProgress {
-                w.rolling_for = Some(written.policy.clone());
+                Arc::make_mut(w).rolling_for = Some(written.policy.clone());
             } else {
                 self.writes.remove(&key);
             }
@@ -137,6 +140,16 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `observe` on plain views, as the tests build them: what it sets on one is copied back.
+    fn observe(tr: &mut Tracker, ns: &str, ws: &mut [Workload], now: Timestamp) -> Seen {
+        let mut shared: Vec<Arc<Workload>> = ws.iter().cloned().map(Arc::new).collect();
+        let seen = tr.observe(ns, &mut shared, now);
+        for (w, s) in ws.iter_mut().zip(shared) {
+            *w = Arc::unwrap_or_clone(s);
+        }
+        seen
+    }
 
     fn web(generation: i64, uid: &str, rollout: Rollout) -> Workload {
         Workload {
@@ -166,7 +179,7 @@ mod tests {
         let mut tr = Tracker::default();
         tr.wrote(key(), "web-ha", Some("u1".into()), 2);
         let mut ws = [web(1, "u1", Rollout::Complete)];
-        let seen = tr.observe("shop", &mut ws, t(T0));
+        let seen = observe(&mut tr, "shop", &mut ws, t(T0));
         assert!(
             seen.unobserved
                 .contains(&(WorkloadKind::Deployment, "web".into()))
@@ -174,16 +187,16 @@ mod tests {
         assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
 
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        let seen = tr.observe("shop", &mut ws, t(T0));
+        let seen = observe(&mut tr, "shop", &mut ws, t(T0));
         assert!(seen.unobserved.is_empty());
         assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
         assert_eq!(seen.next_bound, Some(Duration::from_secs(605)));
 
         let mut ws = [web(2, "u1", Rollout::Complete)];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rolling_for, None);
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rolling_for, None, "forgotten once complete");
     }
 
@@ -203,32 +216,33 @@ mod tests {
             template_hash: 7,
             ..web(1, "u1", Rollout::Complete)
         };
-        tr.observe("shop", &mut [settled], t(T0));
+        observe(&mut tr, "shop", &mut [settled], t(T0));
         // A scale: the same template, not observed yet.
         let mut ws = [changed(2, 7)];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rollout, Rollout::Complete);
         // A new template is a rollout until its controller says it is done.
         let mut ws = [changed(3, 8)];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rollout, Rollout::InProgress);
         // So is a workload created again under the name, and one never seen rolled out.
         let mut ws = [Workload {
             uid: Some("u2".into()),
             ..changed(1, 7)
         }];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rollout, Rollout::InProgress);
         let mut fresh = Tracker::default();
         let mut ws = [changed(2, 7)];
-        fresh.observe("shop", &mut ws, t(T0));
+        observe(&mut fresh, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rollout, Rollout::InProgress);
     }
 
     #[test]
     fn a_template_change_of_ours_not_observed_yet_is_a_rollout_whatever_the_hash() {
         let mut tr = Tracker::default();
-        tr.observe(
+        observe(
+            &mut tr,
             "shop",
             &mut [Workload {
                 template_hash: 7,
@@ -238,7 +252,7 @@ mod tests {
         );
         tr.wrote(key(), "web-ha", Some("u1".into()), 2);
         let mut ws = [changed(2, 7)];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         assert_eq!(ws[0].rollout, Rollout::InProgress);
     }
 
@@ -247,7 +261,12 @@ mod tests {
         let mut tr = Tracker::default();
         tr.wrote(key(), "web-ha", Some("u1".into()), 2);
         assert_eq!(tr.rolling_for(&key()), Some("web-ha"));
-        tr.observe("shop", &mut [web(2, "u1", Rollout::Complete)], t(T0));
+        observe(
+            &mut tr,
+            "shop",
+            &mut [web(2, "u1", Rollout::Complete)],
+            t(T0),
+        );
         assert_eq!(tr.rolling_for(&key()), None);
     }
 
@@ -257,7 +276,7 @@ mod tests {
         tr.wrote(key(), "web-ha", Some("u1".into()), 5);
         // The new object starts at generation 1, below the old write's.
         let mut ws = [web(1, "u2", Rollout::InProgress)];
-        let seen = tr.observe("shop", &mut ws, t(T0));
+        let seen = observe(&mut tr, "shop", &mut ws, t(T0));
         assert!(seen.unobserved.is_empty());
         assert_eq!(ws[0].rolling_for, None);
     }
@@ -266,31 +285,36 @@ mod tests {
     fn a_deleted_workload_is_forgotten() {
         let mut tr = Tracker::default();
         tr.wrote(key(), "web-ha", Some("u1".into()), 5);
-        tr.observe("shop", &mut [], t(T0));
+        observe(&mut tr, "shop", &mut [], t(T0));
         let mut ws = [web(1, "u1", Rollout::Complete)];
-        assert!(tr.observe("shop", &mut ws, t(T0)).unobserved.is_empty());
+        assert!(
+            observe(&mut tr, "shop", &mut ws, t(T0))
+                .unobserved
+                .is_empty()
+        );
     }
 
     #[test]
     fn a_rollout_stops_counting_its_deadline_after_it_was_first_seen() {
         let mut tr = Tracker::default();
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        tr.observe("shop", &mut ws, t(T0));
+        observe(&mut tr, "shop", &mut ws, t(T0));
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:04Z"));
+        let seen = observe(&mut tr, "shop", &mut ws, t("2026-01-01T00:10:04Z"));
         assert_eq!(seen.next_bound, Some(Duration::from_secs(1)));
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        let seen = tr.observe("shop", &mut ws, t("2026-01-01T00:10:05Z"));
+        let seen = observe(&mut tr, "shop", &mut ws, t("2026-01-01T00:10:05Z"));
         assert_eq!(ws[0].rollout, Rollout::Stalled);
         assert_eq!(seen.next_bound, None);
         // Completing and starting again starts a new bound.
-        tr.observe(
+        observe(
+            &mut tr,
             "shop",
             &mut [web(3, "u1", Rollout::Complete)],
             t("2026-01-01T00:11:00Z"),
         );
         let mut ws = [web(4, "u1", Rollout::InProgress)];
-        tr.observe("shop", &mut ws, t("2026-01-01T00:12:00Z"));
+        observe(&mut tr, "shop", &mut ws, t("2026-01-01T00:12:00Z"));
         assert_eq!(ws[0].rollout, Rollout::InProgress);
     }
 
@@ -298,8 +322,12 @@ mod tests {
     fn other_namespaces_are_left_alone() {
         let mut tr = Tracker::default();
         tr.wrote(key(), "web-ha", Some("u1".into()), 5);
-        tr.observe("other", &mut [], t(T0));
+        observe(&mut tr, "other", &mut [], t(T0));
         let mut ws = [web(1, "u1", Rollout::Complete)];
-        assert!(!tr.observe("shop", &mut ws, t(T0)).unobserved.is_empty());
+        assert!(
+            !observe(&mut tr, "shop", &mut ws, t(T0))
+                .unobserved
+                .is_empty()
+        );
     }
 }

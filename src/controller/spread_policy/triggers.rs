@@ -110,7 +110,7 @@ impl Triggers {
     }
 
     /// The workload `(ns, kind, name)` as cached.
-    fn workload(&self, (ns, kind, name): &WorkloadRef) -> Option<Workload> {
+    fn workload(&self, (ns, kind, name): &WorkloadRef) -> Option<Arc<Workload>> {
         match kind {
             WorkloadKind::Deployment => self
                 .deployments

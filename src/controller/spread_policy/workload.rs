@@ -17,7 +17,7 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 /// How long a workload may go without progress and still count as rolling
 /// out when it names no progress deadline of its own (StatefulSets; the
@@ -292,8 +292,9 @@ pub fn stateful_set_rollout(s: &StatefulSet) -> Rollout {
 /// (plus [`BOUND_GRACE`]) past the later of its last reported progress and
 /// `first_seen` (when the controller first saw this rollout under way). Past that, the rollout is
 /// [`Rollout::Stalled`] and holds up nothing. Returns how long until that
-/// happens, while it is still ahead. Pure: the caller supplies the clock.
-pub fn bound(w: &mut Workload, first_seen: Timestamp, now: Timestamp) -> Option<Duration> {
+/// happens, while it is still ahead. Pure: the caller supplies the clock. The shared view is
+/// copied only when it is marked stalled.
+pub fn bound(w: &mut Arc<Workload>, first_seen: Timestamp, now: Timestamp) -> Option<Duration> {
     if w.rollout != Rollout::InProgress {
         return None;
     }
@@ -302,7 +303,7 @@ pub fn bound(w: &mut Workload, first_seen: Timestamp, now: Timestamp) -> Option<
         .unwrap_or(jiff::SignedDuration::MAX);
     let until = since.checked_add(deadline).unwrap_or(Timestamp::MAX);
     if now >= until {
-        w.rollout = Rollout::Stalled;
+        Arc::make_mut(w).rollout = Rollout::Stalled;
         return None;
     }
     Duration::try_from(until.duration_since(now)).ok()
@@ -457,7 +458,7 @@ mod tests {
     #[test]
     fn a_rollout_without_progress_stops_counting_after_its_deadline() {
         let first = t("2026-01-01T00:00:00Z");
-        let mut w = rolling(None);
+        let mut w = Arc::new(rolling(None));
         assert_eq!(
             bound(&mut w, first, t("2026-01-01T00:09:00Z")),
             Some(Duration::from_secs(65))
@@ -470,14 +471,14 @@ mod tests {
     #[test]
     fn reported_progress_extends_the_bound_and_an_old_one_does_not_shorten_it() {
         let first = t("2026-01-01T00:00:00Z");
-        let mut moving = rolling(Some("2026-01-01T00:08:00Z"));
+        let mut moving = Arc::new(rolling(Some("2026-01-01T00:08:00Z")));
         assert_eq!(
             bound(&mut moving, first, t("2026-01-01T00:12:00Z")),
             Some(Duration::from_secs(365))
         );
         // A Deployment paused days ago: its condition is old, the wait starts
         // when the controller first saw the rollout.
-        let mut old = rolling(Some("2025-06-01T00:00:00Z"));
+        let mut old = Arc::new(rolling(Some("2025-06-01T00:00:00Z")));
         assert!(bound(&mut old, first, t("2026-01-01T00:01:00Z")).is_some());
         assert_eq!(old.rollout, Rollout::InProgress);
     }
