@@ -43,7 +43,7 @@ mod support;
 use support::operator::{
     Operator, admission_synced, controller_counters, machine, operator_kubeconfig,
 };
-use support::{Kubectl, client, env_usize, repo_root};
+use support::{Kubectl, client, env_count, env_usize, repo_root};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::spread_policy::{SpreadPolicy, WorkloadKind};
@@ -113,7 +113,7 @@ impl Settings {
             .max()
             .unwrap_or(0);
         Ok(Settings {
-            steady_n: env_usize("BALLAST_BENCH_STEADY_N", default_steady)?,
+            steady_n: env_count("BALLAST_BENCH_STEADY_N", default_steady)?,
             steady: steady::SteadySettings::from_env(smoke)?,
             sizes,
             concurrency: env_usize("BALLAST_BENCH_CONCURRENCY", 8)?,
@@ -161,7 +161,8 @@ fn terms_and_body(p: &SpreadPolicy, d: &Deployment, ns: &str) -> (String, Value)
     let write = Write {
         kind: WorkloadKind::Deployment,
         name: d.name_any(),
-        merged,
+        ours: merged.ours,
+        template_changed: merged.template_changed,
         owner: Some(POLICY.into()),
         resource_version: None,
     };

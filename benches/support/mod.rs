@@ -30,6 +30,14 @@ pub fn env_usize(name: &str, default: usize) -> Result<usize> {
     }
 }
 
+/// Like [`env_usize`], but 0 is allowed (0: "not at all").
+pub fn env_count(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v.parse().with_context(|| format!("{name}={v}")),
+        Err(_) => Ok(default),
+    }
+}
+
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }

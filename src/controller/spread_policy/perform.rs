@@ -107,8 +107,8 @@ pub(super) async fn perform(
             Ok(done) => {
                 let outcome = if w.is_removal() { "removed" } else { "applied" };
                 st.ctx.metrics.count_write(CONTROLLER, &kind, outcome);
-                tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.merged.template_changed, "wrote workload");
-                if let (Some(g), true) = (done.generation, w.merged.template_changed) {
+                tracing::info!(policy = %name, namespace = %ns, workload = %target, outcome, template_changed = w.template_changed, "wrote workload");
+                if let (Some(g), true) = (done.generation, w.template_changed) {
                     st.tracker.lock().expect("not poisoned").wrote(
                         (ns.clone(), w.kind, w.name.clone()),
                         &name,
@@ -119,7 +119,7 @@ pub(super) async fn perform(
                 if w.is_removal() {
                     removed.push(target);
                 } else {
-                    applied.push((target, w.merged.ours.len()));
+                    applied.push((target, w.ours.len()));
                 }
             }
             // Deleted since the cache read: nothing to take out or put in.

@@ -70,7 +70,12 @@ fn record_matches(record: Option<&str>, ours: &Terms) -> bool {
 pub struct Write {
     pub kind: WorkloadKind,
     pub name: String,
-    pub merged: Merged,
+    /// The terms ballast's record will name (none for a removal). The merged lists are not
+    /// kept: with thousands of writes in one plan they were the largest part of the manager's
+    /// peak memory, and [`Write::merged`] makes them again from the same view when written.
+    pub ours: Terms,
+    /// Whether the write changes the pod template (which rolls the pods out).
+    pub template_changed: bool,
     /// The policy that the record will name; `None` removes the record.
     pub owner: Option<String>,
     /// The resourceVersion the merge was computed from (a precondition).
@@ -80,6 +85,13 @@ pub struct Write {
 impl Write {
     pub fn is_removal(&self) -> bool {
         self.owner.is_none()
+    }
+
+    /// The lists to write into `live`, the view this write was planned from: its own lists
+    /// without the recorded terms, then ours. The same as the plan's merge, since ours are the
+    /// desired terms that merge kept.
+    pub fn merged(&self, live: &Workload) -> Merged {
+        merge(live, &recorded_terms(live), &self.ours)
     }
 }
 
@@ -462,7 +474,8 @@ pub fn plan(inp: &Inputs) -> Plan {
         out.writes.push(Write {
             kind: w.kind,
             name: w.name.clone(),
-            merged,
+            ours: merged.ours,
+            template_changed: merged.template_changed,
             owner,
             resource_version: w.resource_version.clone(),
         });

@@ -115,7 +115,12 @@ fn deleting_a_suspended_policy_still_takes_its_terms_out() {
     let out = run(&deleting(p), &ws);
     assert_eq!(out.writes.len(), 1);
     assert!(out.writes[0].is_removal());
-    assert!(out.writes[0].merged.anti_affinity_required.is_empty());
+    assert!(
+        out.writes[0]
+            .merged(&ws[0])
+            .anti_affinity_required
+            .is_empty()
+    );
     assert!(!out.released, "released once the removal is seen");
 }
 
@@ -184,10 +189,10 @@ fn a_template_put_back_with_its_own_record_is_brought_to_the_policy_once() {
             {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": "host"}]}}))
     .unwrap();
     let undone = carrying(&v1, user.clone());
-    let out = run(&v2, &[undone]);
+    let out = run(&v2, std::slice::from_ref(&undone));
     let w = &out.writes[0];
-    let keys: Vec<&str> = w
-        .merged
+    let merged = w.merged(&undone);
+    let keys: Vec<&str> = merged
         .anti_affinity_required
         .iter()
         .map(|t| t.topology_key.as_str())
@@ -198,14 +203,14 @@ fn a_template_put_back_with_its_own_record_is_brought_to_the_policy_once() {
         "the user's term, then v2's; v1's gone"
     );
     assert_eq!(
-        w.merged.anti_affinity_required[0],
+        merged.anti_affinity_required[0],
         user.affinity
             .pod_anti_affinity
             .unwrap()
             .required_during_scheduling_ignored_during_execution
             .unwrap()[0]
     );
-    assert!(w.merged.template_changed);
+    assert!(w.template_changed);
 }
 
 #[test]
@@ -217,5 +222,5 @@ fn a_record_that_differs_from_the_template_terms_is_a_template_change() {
     assert!(out.writes.is_empty(), "{:?}", out.writes);
     w.record = Some("{\"antiAffinityRequired\":[]}".into());
     let out = run(&p, &[w]);
-    assert!(out.writes[0].merged.template_changed);
+    assert!(out.writes[0].template_changed);
 }

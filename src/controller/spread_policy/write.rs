@@ -64,7 +64,7 @@ fn list_or_null<T: serde::Serialize>(list: &[T]) -> Value {
 /// resourceVersion is a precondition: a stale merge fails with a conflict.
 /// Pure.
 pub fn removal_patch(w: &Write, live: &Workload) -> Value {
-    let m = &w.merged;
+    let m = &w.merged(live);
     let group = |required: Value, preferred: Value| {
         if required.is_null() && preferred.is_null() {
             Value::Null
@@ -105,7 +105,7 @@ pub fn removal_patch(w: &Write, live: &Workload) -> Value {
 
 /// The apply configuration that puts `w`'s terms into `live`. Pure.
 pub fn apply_body(w: &Write, namespace: &str, live: &Workload) -> Value {
-    let m = &w.merged;
+    let m = &w.merged(live);
     let mut metadata = json!({"name": w.name, "namespace": namespace});
     if let Some(rv) = &w.resource_version {
         metadata["resourceVersion"] = json!(rv);
@@ -352,7 +352,8 @@ mod tests {
         Write {
             kind: WorkloadKind::Deployment,
             name: "web".into(),
-            merged,
+            ours: merged.ours,
+            template_changed: merged.template_changed,
             owner: owner.map(String::from),
             resource_version: Some("42".into()),
         }
