@@ -42,7 +42,14 @@ KC
 "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
 # examples/cluster-default.yaml is a ClusterSpreadPolicy for the namespaces labelled so.
 "$KUBECTL" label namespace "$NS" ballast.dev/spread-default=zones --overwrite >/dev/null
-"$KUBECTL" apply -n "$NS" -f examples/ >/dev/null
+# For a few seconds after the revision gate is installed, the API server refuses Deployment
+# writes with "paramKind ... not yet synced" (failurePolicy: Fail, docs/rollout-strategy.md):
+# retry the examples until it has taken the gate up.
+for attempt in 1 2 3 4 5 6 7 8 9 10; do
+  if out="$("$KUBECTL" apply -n "$NS" -f examples/ 2>&1 >/dev/null)"; then break; fi
+  if [ "$attempt" = 10 ] || ! grep -q "not yet synced" <<<"$out"; then echo "$out" >&2; exit 1; fi
+  sleep 2
+done
 
 cat <<MSG
 

@@ -187,7 +187,24 @@ async fn create_deployments(api: &Api<Deployment>, n: usize, c: usize) -> Result
         .map(|i| deployment(&format!("d-{i:05}")))
         .collect::<Result<Vec<_>>>()?;
     Ok(stream::iter(objects)
-        .map(|o| async move { api.create(&PostParams::default(), &o).await })
+        .map(|o| async move {
+            // A freshly started API server can still refuse a create for a few seconds with
+            // "paramKind … not yet synced" (the revision gate's param informer) after the
+            // probe of `admission_synced` passed: retry that, and only that.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match api.create(&PostParams::default(), &o).await {
+                    Err(kube::Error::Api(e))
+                        if e.code == 403
+                            && e.message.contains("not yet synced")
+                            && Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(500)).await
+                    }
+                    r => return r,
+                }
+            }
+        })
         .buffer_unordered(c)
         .try_collect::<Vec<_>>()
         .await?)
