@@ -84,18 +84,31 @@ fn is_template_write(verb: &str, group: &str, resource: &str) -> bool {
     verb == "patch" && group == "apps" && resource == "deployments"
 }
 
-/// Counts the changes of `name`'s status that a watch of `api` delivers, until dropped.
+/// Counts the changes of `name`'s status that a watch of `api` delivers, until dropped. The
+/// receiver resolves once the watch's initial list is in: a status write before that would be
+/// counted by the operator's metrics but never seen as a change by the watch.
 fn count_status_changes(
     api: Api<SpreadPolicy>,
     name: &str,
-) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+) -> (
+    Arc<AtomicU64>,
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::task::JoinHandle<()>,
+) {
     let seen = Arc::new(AtomicU64::new(0));
     let counter = seen.clone();
+    let (listed, listed_rx) = tokio::sync::oneshot::channel();
+    let mut listed = Some(listed);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let task = tokio::spawn(async move {
         let mut last: Option<serde_json::Value> = None;
         let mut events = watcher(api, config).boxed();
         while let Some(ev) = events.next().await {
+            if let Ok(watcher::Event::InitDone) = ev
+                && let Some(tx) = listed.take()
+            {
+                let _ = tx.send(());
+            }
             let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
                 continue;
             };
@@ -106,7 +119,7 @@ fn count_status_changes(
             last = Some(status);
         }
     });
-    (seen, task)
+    (seen, listed_rx, task)
 }
 
 /// Waits until the deployment controller has observed every Deployment of `names` at 0
@@ -154,9 +167,13 @@ pub async fn measure(
 ) -> Result<SteadyResult> {
     let n = names.len();
     let churned: Vec<String> = names.iter().take(n.div_ceil(10)).cloned().collect();
-    let (seen, watch) = count_status_changes(policies.clone(), policy);
-    // The watch's initial list is not a change; give it a moment to take its first look.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (seen, listed, watch) = count_status_changes(policies.clone(), policy);
+    // The watch's initial list is not a change: start counting once it is in (on a busy
+    // machine that can take longer than any fixed pause).
+    tokio::time::timeout(Duration::from_secs(60), listed)
+        .await
+        .context("the status watch's initial list")?
+        .context("the status watch ended")?;
     let before = operator.metrics().await?;
     let step = s.churn_period / churned.len() as u32;
     let t = Instant::now();
