@@ -18,24 +18,20 @@ use std::{
     time::Instant,
 };
 
-/// A positive count from the environment variable `name`, else `default`.
-pub fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => {
-            let n: usize = v.parse().with_context(|| format!("{name}={v}"))?;
-            ensure!(n > 0, "{name} must be at least 1");
-            Ok(n)
-        }
-        Err(_) => Ok(default),
-    }
-}
-
-/// Like [`env_usize`], but 0 is allowed (0: "not at all").
+/// A count from the environment variable `name`, else `default`; 0 is allowed (0: "not at
+/// all").
 pub fn env_count(name: &str, default: usize) -> Result<usize> {
     match std::env::var(name) {
         Ok(v) => v.parse().with_context(|| format!("{name}={v}")),
         Err(_) => Ok(default),
     }
+}
+
+/// A positive count from the environment variable `name`, else `default`.
+pub fn env_usize(name: &str, default: usize) -> Result<usize> {
+    let n = env_count(name, default)?;
+    ensure!(n > 0, "{name} must be at least 1");
+    Ok(n)
 }
 
 pub fn repo_root() -> &'static Path {
