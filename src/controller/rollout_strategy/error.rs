@@ -4,8 +4,8 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("the cache of strategies is not ready yet")]
-    CacheNotReady,
+    #[error("the caches are not filled yet: {0}")]
+    CacheNotReady(String),
     #[error("reading the strategy: {0}")]
     Read(#[source] kube::Error),
     #[error("observing the Deployment and hook Jobs: {0}")]
@@ -51,7 +51,7 @@ pub enum Error {
 impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::CacheNotReady => "CacheNotReady",
+            Error::CacheNotReady(_) => "CacheNotReady",
             Error::Read(_) => "ReadFailed",
             Error::Observe(_) => "ObserveFailed",
             Error::Finalizer(_) => "FinalizerUpdateFailed",

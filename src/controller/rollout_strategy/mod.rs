@@ -73,6 +73,8 @@ pub struct State {
     outcomes: Outcomes,
     /// How governed Deployments are held ([`gate`]).
     gates: gate::Gates,
+    /// Whether the strategies' cache and [`observe::Caches`] are filled.
+    ready: super::CachesReady,
 }
 
 type Strategies = Store<Lenient<RolloutStrategy>>;
@@ -131,6 +133,7 @@ fn owner_deployment(rs: &cache::CachedReplicaSet) -> Option<String> {
 pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
     let health = &ctx.health;
+    let mut ready = super::CachesReady::new();
     let (store, writer) = reflector::store();
     let strategies = super::watch(
         ctx.scoped_api::<Lenient<RolloutStrategy>>(),
@@ -139,6 +142,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         "rollout-strategy/rolloutstrategies",
     )
     .reflect(writer)
+    .inspect(ready.filled("rolloutstrategies").on_init_done())
     .touched_objects();
     let controller = Controller::for_stream(strategies, store.clone());
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store);
@@ -151,6 +155,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     )
     .modify(cache::CachedDeployment::trim)
     .reflect(writer)
+    .inspect(ready.filled("deployments").on_init_done())
     .touched_objects();
     let (replica_set_store, writer) = reflector::store();
     let replica_sets = super::watch(
@@ -161,6 +166,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     )
     .modify(cache::CachedReplicaSet::trim)
     .reflect(writer)
+    .inspect(ready.filled("replicasets").on_init_done())
     .touched_objects();
     let (pod_store, writer) = reflector::store();
     let hook_pods = super::watch(
@@ -171,6 +177,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     )
     .modify(|p| observe::trim(&mut p.metadata))
     .reflect(writer)
+    .inspect(ready.filled("pods").on_init_done())
     .touched_objects();
     let (job_store, writer) = reflector::store();
     let jobs = super::watch(
@@ -181,6 +188,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     )
     .modify(|j| observe::trim(&mut j.metadata))
     .reflect(writer)
+    .inspect(ready.filled("jobs").on_init_done())
     .touched_objects();
     let reporter = Reporter {
         controller: ROLLOUT_STRATEGY_MANAGER.into(),
@@ -199,6 +207,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         },
         outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),
         gates: gates.clone(),
+        ready,
     });
     // The gate in force, as a metric; a change of it is every strategy's business.
     ctx.metrics
@@ -348,13 +357,10 @@ async fn sync_invalid(
 /// watch event would.
 async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Error> {
     // Decisions are made on the caches: never on one not filled yet (an empty cache would say
-    // "Deployment not found").
-    let ready = async {
-        let _ = st.strategies.wait_until_ready().await;
-        st.caches.ready().await;
-    };
-    if !super::caches_ready(ready, &st.shutdown, Duration::from_secs(30)).await {
-        return Err(Error::CacheNotReady);
+    // "Deployment not found"). Not `Store::wait_until_ready`, which wakes one waiter of many
+    // (see `CachesReady`).
+    if !super::caches_ready(st.ready.wait(), &st.shutdown, Duration::from_secs(30)).await {
+        return Err(Error::CacheNotReady(st.ready.unfilled().join(", ")));
     }
     // The newest cached copy: the one this reconcile was scheduled with may be older.
     let ns = obj.namespace().unwrap_or_default();

@@ -494,14 +494,6 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// Resolves once every cache holds its first complete list.
-    pub async fn ready(&self) {
-        let _ = self.deployments.wait_until_ready().await;
-        let _ = self.replica_sets.wait_until_ready().await;
-        let _ = self.jobs.wait_until_ready().await;
-        let _ = self.pods.wait_until_ready().await;
-    }
-
     /// What strategy `strategy` in `ns`, targeting Deployment `target`, decides on, from the
     /// caches alone (no log tails: see [`read_log_tails`]).
     pub fn observe(&self, ns: &str, strategy: &str, target: &str) -> Observed {
