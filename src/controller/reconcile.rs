@@ -71,3 +71,127 @@ impl Outcomes {
         Action::requeue(delay)
     }
 }
+
+/// Reconciles that write take turns, first come first served, at most `n` at once.
+///
+/// kube-runtime's own limit (`Config::concurrency`) is not fair: once every slot is busy, the
+/// objects triggered meanwhile wait in a hash set, and a freed slot goes to the first of them
+/// in that set's order, not to the one that waited longest. An object late in that order waits
+/// for as long as others keep being triggered: under a steady stream of watch events (a few
+/// dozen strategies rolling out at once) that was up to 88 s for a completed hook Job to be
+/// acted on (docs/benchmarks.md). So a controller runs with kube-runtime's limit off, decides
+/// on its caches at once (no request: most reconciles end there), and only a reconcile that
+/// writes waits for a turn here: a FIFO semaphore (tokio's is fair), so every object is served
+/// in the order it asked.
+pub struct Turns {
+    permits: tokio::sync::Semaphore,
+}
+
+impl Turns {
+    pub fn new(n: usize) -> Self {
+        Self {
+            permits: tokio::sync::Semaphore::new(n),
+        }
+    }
+
+    /// Waits for a turn; it ends when the permit is dropped.
+    pub async fn take(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.permits
+            .acquire()
+            .await
+            .expect("the semaphore is never closed")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{
+        controller::{Config, applier},
+        reflector::{self, ObjectRef},
+        watcher,
+    };
+    use std::{collections::BTreeMap, sync::Arc};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("never")]
+    struct Never;
+
+    const OBJECTS: usize = 8;
+    const AT_ONCE: usize = 2;
+    const RECONCILES: usize = 400;
+
+    /// Reconciles of `OBJECTS` objects that each take 2 ms and ask to be reconciled again at
+    /// once (as a strategy does while its Deployment rolls out), `AT_ONCE` at a time, limited by
+    /// kube-runtime (`fair: false`) or by [`Turns`]; how many each object got of the first
+    /// `RECONCILES`.
+    async fn served(fair: bool) -> Vec<usize> {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for i in 0..OBJECTS {
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some(format!("o{i}"));
+            cm.metadata.namespace = Some("ns".into());
+            writer.apply_watcher_event(&watcher::Event::InitApply(cm));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let counts = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
+        let turns = Arc::new(Turns::new(AT_ONCE));
+        let queue = futures::stream::iter(
+            (0..OBJECTS).map(|i| Ok::<_, Never>(ObjectRef::new(&format!("o{i}")).within("ns"))),
+        )
+        .chain(futures::stream::pending());
+        let config = Config::default().concurrency(if fair { 0 } else { AT_ONCE as u16 });
+        let reconciles = {
+            let counts = counts.clone();
+            move |cm: Arc<ConfigMap>, turns: Arc<Turns>| {
+                let counts = counts.clone();
+                Box::pin(async move {
+                    let _turn = if fair { Some(turns.take().await) } else { None };
+                    *counts
+                        .lock()
+                        .unwrap()
+                        .entry(cm.metadata.name.clone().unwrap())
+                        .or_default() += 1;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Ok::<_, Never>(Action::requeue(Duration::ZERO))
+                })
+            }
+        };
+        applier(
+            reconciles,
+            |_, _, _| Action::await_change(),
+            turns,
+            store,
+            queue,
+            config,
+        )
+        .take(RECONCILES)
+        .for_each(|_| async {})
+        .await;
+        let counts = counts.lock().unwrap();
+        (0..OBJECTS)
+            .map(|i| counts.get(&format!("o{i}")).copied().unwrap_or(0))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_saturated_controller_serves_every_object_in_turn() {
+        let fair = served(true).await;
+        let least = *fair.iter().min().unwrap();
+        let most = *fair.iter().max().unwrap();
+        assert!(
+            most - least <= 2,
+            "every object gets its turn with Turns: {fair:?}"
+        );
+        // What Turns is for: kube-runtime's own limit lets some objects wait while others are
+        // reconciled again and again. (When this fails, kube-runtime became fair: Turns may go.)
+        let unfair = served(false).await;
+        assert!(
+            unfair.iter().min() < Some(&(RECONCILES / OBJECTS / 4)),
+            "kube-runtime's limit starves some: {unfair:?}"
+        );
+    }
+}
