@@ -3,7 +3,7 @@
 
 use super::super::hooks;
 use super::super::observe::DeploymentView;
-use super::{CANCELLED, Effect, Machine, Rejection, Start, in_progress, short};
+use super::{CANCELLED, Effect, Machine, ROLLOUT_STARTED, Rejection, Start, in_progress, short};
 use crate::api::{HookPhase, HookStatus, RolloutPhase, RolloutStrategyStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -237,7 +237,7 @@ impl Machine<'_> {
         let from = self.st.stable_revision.clone();
         self.event(
             false,
-            "RolloutStarted",
+            ROLLOUT_STARTED,
             format!(
                 "{} revision {revision} (from {})",
                 if retry { "retrying" } else { "rolling out" },

@@ -27,6 +27,11 @@ pub const APPROVED: &str = "Approved";
 /// opened, with `Abort` it fails the revision.
 pub const APPROVAL_TIMEOUT: &str = "ApprovalTimeout";
 
+/// Reason of the Event that a revision's sequence started.
+pub const ROLLOUT_STARTED: &str = "RolloutStarted";
+/// Reason of the Event that a revision rolled out and is the stable one now.
+pub const ROLLOUT_SUCCEEDED: &str = "RolloutSucceeded";
+
 /// First retry backoff; doubled per attempt.
 pub const BACKOFF_BASE_SECONDS: i64 = 5;
 /// Longest retry backoff.
@@ -63,6 +68,7 @@ pub enum Effect {
 }
 
 pub use crate::controller::rollout_strategy::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
+pub use plan::{Plan, plan};
 
 /// On a governed Deployment: the RolloutStrategy that governs it.
 pub const STRATEGY_ANNOTATION: &str = "ballast.dev/rollout-strategy";
@@ -149,6 +155,30 @@ impl Decision {
     /// Whether performing this decision changes anything.
     pub fn changes(&self, old: &RolloutStrategyStatus) -> bool {
         !self.effects.is_empty() || self.status != *old
+    }
+
+    /// Whether this decision takes a step: a write, or a status change beyond the fields that
+    /// follow the Deployment ([`without_following`]). A decision that only updates those is
+    /// recorded with the next step or at a bounded pace (the controller's).
+    pub fn steps(&self, old: &RolloutStrategyStatus) -> bool {
+        !self.effects.is_empty() || without_following(&self.status) != without_following(old)
+    }
+}
+
+/// `s` without the fields that follow the Deployment as it rolls out rather than the revision's
+/// sequence: its replica counts and the Deployment generation taken up. A 10-replica rollout
+/// changes them a dozen times; written with the revision's transitions and, in between, at a
+/// bounded pace, they lag the Deployment by at most that pace.
+pub fn without_following(s: &RolloutStrategyStatus) -> RolloutStrategyStatus {
+    RolloutStrategyStatus {
+        replicas: None,
+        updated_replicas: None,
+        ready_replicas: None,
+        available_replicas: None,
+        desired_replicas: None,
+        ready: None,
+        deployment_generation: None,
+        ..s.clone()
     }
 }
 
@@ -426,7 +456,11 @@ impl<'a> Machine<'a> {
         self.st.gate = Some(self.i.gate);
         if !conflicted && let Some(dep) = self.i.deployment {
             self.record_generation(dep);
-            self.annotate(dep, phase);
+            // A pause or an unpause carries the labels and the annotation itself, for the
+            // phase this decision ends in (one write of the Deployment instead of two).
+            if !self.holds_or_lets_go() {
+                self.annotate(dep, phase);
+            }
         }
         self.mark_target();
         let c = &mut self.st.conditions;
@@ -469,6 +503,15 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// Whether this decision pauses or unpauses the Deployment (a write that also carries its
+    /// labels and annotation).
+    fn holds_or_lets_go(&self) -> bool {
+        self.d
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Pause | Effect::Unpause))
+    }
+
     /// Keeps the Deployment's annotations naming this strategy and its phase, and its label.
     fn annotate(&mut self, dep: &DeploymentView, phase: RolloutPhase) {
         let name = phase_name(phase);
@@ -491,11 +534,12 @@ impl<'a> Machine<'a> {
     /// the namespace's other Deployments nothing either.
     fn mark_target(&mut self) {
         // Labelled by this very decision: the mark follows that write, which must succeed first.
-        let labelling = self
-            .d
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::Annotate(_)));
+        let labelling = self.holds_or_lets_go()
+            || self
+                .d
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::Annotate(_)));
         let covered = labelling || self.i.deployment.is_none_or(|d| d.governed_label);
         if covered != self.i.target_marked {
             self.effect(Effect::MarkTarget(covered));
@@ -504,6 +548,7 @@ impl<'a> Machine<'a> {
 }
 
 mod adopt;
+mod plan;
 mod progress;
 mod rest;
 mod run;

@@ -2,7 +2,7 @@
 //! post hooks once the rollout is complete.
 
 use super::super::observe::DeploymentView;
-use super::{CANCELLED, Effect, Machine, Run};
+use super::{CANCELLED, Effect, Machine, ROLLOUT_SUCCEEDED, Run};
 use crate::api::rollout_strategy::progress_point;
 use crate::api::{FailurePolicy, Hook, HookPhase, HookPoint, RolloutPhase};
 use jiff::SignedDuration;
@@ -322,7 +322,7 @@ impl Machine<'_> {
             self.st.message = Some(format!("revision {} rolled out", dep.revision));
             self.event(
                 false,
-                "RolloutSucceeded",
+                ROLLOUT_SUCCEEDED,
                 format!("revision {} rolled out", dep.revision),
             );
         }

@@ -2137,3 +2137,5 @@ fn kstatus_conditions_follow_the_phase() {
         ("True".into(), "False".into(), "False".into())
     );
 }
+
+mod plan;
