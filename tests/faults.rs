@@ -217,11 +217,19 @@ async fn f8_a_hook_job_the_api_server_refuses_ends_the_revision_in_time() {
             && hook.message.as_deref().is_some_and(|m| m.contains("image")),
         format!("the API server's message in status: {hook:?}"),
     );
-    check(
-        &mut failures,
-        !env.events("HookFailed").await.is_empty(),
-        "a HookFailed Warning Event",
-    );
+    // Events follow the status write they tell of: the terminal phase can be seen a moment
+    // before its Event is.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        if !env.events("HookFailed").await.is_empty() {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    check(&mut failures, event, "a HookFailed Warning Event");
     // Failed is recorded first; the rollback is the next step.
     let s = env
         .wait_phase("web", RolloutPhase::RolledBack, None, 20)

@@ -685,17 +685,25 @@ async fn retry_annotation_reruns_a_failed_revision_with_new_attempts() {
 #[tokio::test]
 async fn sigkill_at_every_step_resumes_without_duplicates_or_skips() {
     let mut env = Env::new("rost-crash").await;
-    let stable = adopt(
-        &env,
-        4,
-        &format!(
-            "  pre: [{{name: migrate, job: {}}}]\n  mid: [{{name: smoke, at: 50%, job: {}}}]\n  post: [{{name: purge, job: {}}}]\n",
-            job_hook("m:1", "4s", false),
-            job_hook("s:1", "4s", false),
-            job_hook("p:1", "4s", false)
-        ),
-    )
-    .await;
+    // New pods count as available only after 2 s, so the rolling phase before the mid point
+    // lasts long enough to be seen (and a restart made in it): ballast unpauses and pauses at
+    // the point within a fraction of the 250 ms the test polls at.
+    env.apply(
+        &deployment_yaml("web", "web:1", 4, false, ROLLING)
+            .replace("  replicas: 4\n", "  replicas: 4\n  minReadySeconds: 2\n"),
+    );
+    wait_available(&env, "web", 4).await;
+    env.apply(&format!(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: web}}\nspec:\n  targetRef: {{name: web}}\n  pre: [{{name: migrate, job: {}}}]\n  mid: [{{name: smoke, at: 50%, job: {}}}]\n  post: [{{name: purge, job: {}}}]\n",
+        job_hook("m:1", "4s", false),
+        job_hook("s:1", "4s", false),
+        job_hook("p:1", "4s", false)
+    ));
+    let stable = env
+        .wait_phase("web", RolloutPhase::Idle, None, 30)
+        .await
+        .stable_revision
+        .unwrap();
     env.set_image("web", "web:2").await;
     let mut restarts = 0;
     for (phase, hook) in [

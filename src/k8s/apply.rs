@@ -37,3 +37,27 @@ where
     api.patch_status(name, &params(manager, true), &Patch::Apply(&patch))
         .await
 }
+
+/// [`apply_status`], only on `name` at `resource_version` (when given): a precondition, so a
+/// status computed from an older copy never replaces a newer one (409 Conflict).
+pub async fn apply_status_at<K>(
+    api: &Api<K>,
+    manager: &str,
+    name: &str,
+    resource_version: Option<&str>,
+    status: impl Serialize,
+) -> kube::Result<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let mut patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({"resourceVersion": rv});
+    }
+    api.patch_status(name, &params(manager, true), &Patch::Apply(&patch))
+        .await
+}

@@ -20,6 +20,7 @@
 
 pub mod cache;
 pub mod error;
+pub mod expect;
 pub mod gate;
 pub mod hooks;
 pub mod machine;
@@ -30,7 +31,7 @@ pub mod write;
 
 use super::{
     Context, ShutdownSignal,
-    reconcile::{Outcomes, key},
+    reconcile::{Outcomes, Turns, key},
 };
 use crate::api::rollout_strategy::{ABORT_ANNOTATION, APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{HookPhase, RolloutStrategy};
@@ -61,6 +62,16 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// After a step, look again this soon at the latest: the watch event of our own write normally
 /// wakes the strategy long before, and when it comes late, this keeps the rollout going.
 const AFTER_STEP: Duration = Duration::from_secs(1);
+/// How soon a strategy is looked at again when a cache does not show our own last write yet
+/// ([`expect`]): that write's watch event normally wakes it before.
+const NOT_YET: Duration = Duration::from_millis(250);
+/// Reconciles that write, at most at once ([`Turns`]): each is a few requests one after the
+/// other, so this many keep the API server busy without queueing behind one another; the
+/// reconciles that find nothing to do (most of them) need no turn.
+const WRITING_AT_ONCE: usize = 16;
+/// Rounds of a plan in one reconcile: a plan that stops before a write needing its status
+/// recorded first goes on once that status is written (machine::plan).
+const ROUNDS: usize = 3;
 
 /// What every reconcile of this controller shares.
 pub struct State {
@@ -73,6 +84,12 @@ pub struct State {
     outcomes: Outcomes,
     /// How governed Deployments are held ([`gate`]).
     gates: gate::Gates,
+    /// What our own writes lead us to expect of the caches ([`expect`]).
+    expect: expect::Expectations,
+    /// When each status was last written, to follow the Deployment at a bounded pace.
+    pace: status::Pace,
+    /// Reconciles that write take turns, first come first served.
+    turns: Turns,
     /// Whether the strategies' cache and [`observe::Caches`] are filled.
     ready: super::CachesReady,
 }
@@ -207,6 +224,9 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         },
         outcomes: Outcomes::new(CONTROLLER, ctx.metrics.clone()),
         gates: gates.clone(),
+        expect: expect::Expectations::default(),
+        pace: status::Pace::default(),
+        turns: Turns::new(WRITING_AT_ONCE),
         ready,
     });
     // The gate in force, as a metric; a change of it is every strategy's business.
@@ -245,7 +265,8 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
                 .map(|s| ObjectRef::from_obj(s.as_ref()))
                 .collect::<Vec<_>>()
         })
-        .with_config(kube::runtime::controller::Config::default().concurrency(4))
+        // No limit here: kube-runtime's is not fair (see `Turns`), ours is, in `sync`.
+        .with_config(kube::runtime::controller::Config::default().concurrency(0))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, state)
         .for_each(|_| futures::future::ready(()))
@@ -319,18 +340,23 @@ async fn sync_invalid(
     Ok(Action::await_change())
 }
 
-/// One reconcile: one decision, at most one step.
+/// One reconcile: one plan of the machine, decided on the caches, performed.
 ///
-/// The decision is made on the caches first. When it changes nothing, that is the answer, and
-/// it cost no request. When it would change something, the cached strategy may be what
-/// misleads it: its status can lag our own last status write, and deciding on that could
-/// repeat a step (create a Job twice, count an attempt twice). So the strategy is read afresh
-/// (one request) and the decision made again on it, and that decision is the one performed.
+/// The plan is made on the caches first. When it changes nothing (the steady state, and most
+/// of the wake-ups while a Deployment rolls out), that is the answer, and it cost no request.
+/// When it would change something, the reconcile waits for its turn ([`Turns`]) and plans again
+/// on the caches as they are then, provided they show our own last writes ([`expect`]): the
+/// status we wrote a moment ago, the Deployment we paused or unpaused, the Job we created.
+/// Deciding on a copy without our own last status could repeat a step (create a Job twice,
+/// count an attempt twice). When they do not show them yet, the reconcile ends and the watch
+/// event of that write wakes the strategy again. The first step after the manager started reads
+/// the strategy afresh instead (one request), and so does one whose cache has not caught up in
+/// time. The status is written with the resourceVersion of the copy decided on as a
+/// precondition, so a status decided on an older copy never replaces a newer one.
 ///
-/// The other views still come from the caches. They can lag our own writes too, but acting on
-/// them is safe, effect by effect ([`Effect`]):
-/// - `Pause`: server-side apply of the one field `spec.paused`; repeated, it writes the same
-///   value again.
+/// Acting on the cached views of others' changes is safe, effect by effect ([`Effect`]):
+/// - `Pause`: server-side apply of `spec.paused` (with the Deployment's phase label, governed
+///   label and strategy annotation); repeated, it writes the same values again.
 /// - `Unpause`: the same, with the cached `resourceVersion` as a precondition; on a stale one
 ///   the API server refuses it (a conflict) and it is decided again.
 /// - `Annotate`: a merge patch of the Deployment's annotation and labels to fixed values;
@@ -338,8 +364,9 @@ async fn sync_invalid(
 /// - `MarkTarget`: a merge patch of the strategy's label; when it says "covered" because the
 ///   cache shows no Deployment, the absence is read afresh first.
 /// - `Scale(n)`: sets `spec.replicas` to `n`, an absolute value; repeated, the same. The count
-///   to restore after Recreate mid hooks is in status (read afresh); a lagging cache shows an
-///   older count, which is that one or our own 0, so it is never taken for a user's scale.
+///   to restore after Recreate mid hooks is in status (which shows our last write); a lagging
+///   Deployment cache shows an older count, which is that one or our own 0, so it is never
+///   taken for a user's scale.
 /// - `RestoreTemplate`: a JSON patch that tests the `resourceVersion` of the cached Deployment;
 ///   on a stale one the API server refuses it (a conflict) and it is decided again.
 /// - `CreateJob`: the Job's name is fixed by strategy, hook, revision and attempt, and one that
@@ -350,11 +377,12 @@ async fn sync_invalid(
 ///
 /// One conclusion of the machine is drawn from an absence and would not be safe on a lagging
 /// Job cache: a hook whose Job status names but no cache shows is recorded as failed ("deleted
-/// before it finished"). Before deciding afresh, such a Job is looked up (one LIST by name);
-/// when it exists, the cache is behind and the reconcile waits for it. A lagging pod cache can
-/// only show a pod that is gone as still there, which holds the next attempt back a moment
-/// longer; a lagging ReplicaSet cache only delays a mid point or the completion, as a late
-/// watch event would.
+/// before it finished"). Our own Jobs are expected in the cache before a decision; one status
+/// names that the cache still lacks after that (say, after a restart) is looked up (one LIST by
+/// name); when it exists, the cache is behind and the reconcile waits for it. A lagging pod
+/// cache can only show a pod that is gone as still there, which holds the next attempt back a
+/// moment longer; a lagging ReplicaSet cache only delays a mid point or the completion, as a
+/// late watch event would.
 async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Error> {
     // Decisions are made on the caches: never on one not filled yet (an empty cache would say
     // "Deployment not found"). Not `Store::wait_until_ready`, which wakes one waiter of many
@@ -364,9 +392,13 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
     }
     // The newest cached copy: the one this reconcile was scheduled with may be older.
     let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
     let Some(cached) = st.strategies.get(&ObjectRef::from_obj(obj)) else {
         // Deleted (a relist swaps the store whole, so absent means gone).
-        st.ctx.metrics.set_rollout_phase(&ns, &obj.name_any(), None);
+        st.ctx.metrics.set_rollout_phase(&ns, &name, None);
+        st.expect
+            .forget(&expect::Key::Strategy(ns.clone(), name.clone()));
+        st.pace.forget(&key(obj));
         return Ok(Action::await_change());
     };
     // The phase gauge follows the cache, so a new leader reports every strategy at once.
@@ -376,19 +408,13 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
         )),
         _ => None,
     };
-    st.ctx
-        .metrics
-        .set_rollout_phase(&ns, &obj.name_any(), phase);
+    st.ctx.metrics.set_rollout_phase(&ns, &name, phase);
     match cached.as_ref() {
         Lenient::Ok(strategy) => match settled(strategy, st) {
             Some(action) => Ok(action),
             None => {
-                step(
-                    st,
-                    &strategy.namespace().unwrap_or_default(),
-                    &obj.name_any(),
-                )
-                .await
+                let _turn = st.turns.take().await;
+                step(st, &ns, &name).await
             }
         },
         // It writes only when its conditions are not there yet.
@@ -397,18 +423,19 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
         }
         // Released with what it recorded last: read afresh.
         Lenient::Invalid(_) => {
-            step(st, &cached.namespace().unwrap_or_default(), &obj.name_any()).await
+            let _turn = st.turns.take().await;
+            step(st, &ns, &name).await
         }
     }
 }
 
-/// The machine's decision for `strategy` on the cached views.
-fn decide(
+/// The machine's plan for `strategy` on the cached views.
+fn plan(
     strategy: &RolloutStrategy,
     observed: &observe::Observed,
     rejected: Option<&Rejection>,
     st: &State,
-) -> machine::Decision {
+) -> machine::Plan {
     let ns = strategy.namespace().unwrap_or_default();
     let status = strategy.status.clone().unwrap_or_default();
     let annotations = strategy.annotations();
@@ -418,7 +445,7 @@ fn decide(
         &strategy.spec.target_ref.name,
         &seniority(&strategy.metadata),
     );
-    machine::decide(&Input {
+    machine::plan(&Input {
         name: &strategy.name_any(),
         generation: strategy.metadata.generation,
         spec: &strategy.spec,
@@ -437,8 +464,9 @@ fn decide(
     })
 }
 
-/// `Some` when the cached strategy needs nothing done (no write, no prune): the steady state,
-/// answered without a request. `None` when there is something to do.
+/// `Some` when the cached strategy needs nothing done (no write, no prune), or only its
+/// status to follow the Deployment before that is due ([`status::Pace`]): answered without a
+/// request. `None` when there is something to do.
 fn settled(strategy: &RolloutStrategy, st: &State) -> Option<Action> {
     let has_finalizer = strategy.finalizers().iter().any(|f| f == FINALIZER);
     if strategy.metadata.deletion_timestamp.is_some() {
@@ -451,26 +479,58 @@ fn settled(strategy: &RolloutStrategy, st: &State) -> Option<Action> {
     let observed = st
         .caches
         .observe(&ns, &strategy.name_any(), &strategy.spec.target_ref.name);
-    let decision = decide(strategy, &observed, None, st);
+    let decision = plan(strategy, &observed, None, st).decision;
     let old = strategy.status.clone().unwrap_or_default();
-    (!decision.changes(&old) && decision.prune.is_empty())
-        .then(|| Action::requeue(decision.requeue.unwrap_or(RESYNC).min(RESYNC)))
+    if decision.steps(&old) || !decision.prune.is_empty() {
+        return None;
+    }
+    let mut again = decision.requeue.unwrap_or(RESYNC).min(RESYNC);
+    if decision.changes(&old) {
+        // Only the fields that follow the Deployment moved: written at the pace's next slot.
+        let wait = st.pace.wait(&key(strategy));
+        if wait.is_zero() {
+            return None;
+        }
+        again = again.min(wait);
+    }
+    Some(Action::requeue(again))
 }
 
-/// Reads strategy `name` afresh and takes its next step.
+/// Reads strategy `name`, from the cache when it shows our own last writes (else afresh), and
+/// takes its next step.
 async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
     let client = &st.ctx.client;
     let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), ns);
     let lenient: Api<Lenient<RolloutStrategy>> = Api::namespaced(client.clone(), ns);
-    let mut strategy = match lenient.get_opt(name).await.map_err(Error::Read)? {
-        None => return Ok(Action::await_change()),
-        Some(Lenient::Ok(s)) => s,
-        Some(l @ Lenient::Invalid(_)) => {
-            let Lenient::Invalid(inv) = &l else {
-                unreachable!()
-            };
-            return sync_invalid(&l, inv, st).await;
-        }
+    let own = expect::Key::Strategy(ns.to_string(), name.to_string());
+    let cached = st
+        .strategies
+        .get(&ObjectRef::new(name).within(ns))
+        .and_then(|c| match c.as_ref() {
+            Lenient::Ok(s) => Some(s.clone()),
+            Lenient::Invalid(_) => None,
+        });
+    let seen = cached.as_ref().map(|s| {
+        st.expect
+            .seen(&own, s.metadata.resource_version.as_deref(), false)
+    });
+    let mut strategy = match (cached, seen) {
+        (Some(s), Some(expect::Seen::Yes)) => s,
+        (Some(_), Some(expect::Seen::NotYet)) => return Ok(Action::requeue(NOT_YET)),
+        _ => match lenient.get_opt(name).await.map_err(Error::Read)? {
+            None => return Ok(Action::await_change()),
+            Some(Lenient::Ok(s)) => {
+                st.expect
+                    .wrote(own.clone(), s.metadata.resource_version.as_deref());
+                s
+            }
+            Some(l @ Lenient::Invalid(_)) => {
+                let Lenient::Invalid(inv) = &l else {
+                    unreachable!()
+                };
+                return sync_invalid(&l, inv, st).await;
+            }
+        },
     };
     let has_finalizer = strategy.finalizers().iter().any(|f| f == FINALIZER);
     if strategy.metadata.deletion_timestamp.is_some() {
@@ -495,19 +555,28 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
         }
         return Ok(Action::await_change());
     }
+    // The strategy's resourceVersion our status write is conditional on.
+    let mut rv = strategy.metadata.resource_version.clone();
     if !has_finalizer {
         let mut f = strategy.finalizers().to_vec();
         f.push(FINALIZER.into());
         set_finalizers(&api, &strategy, f.clone()).await?;
         // Not a step of the rollout: the first one follows on what was just read, which the
-        // patch changed only here.
+        // patch changed only here. Its new version is not known: the next step reads afresh.
         strategy.metadata.finalizers = Some(f);
+        rv = None;
+        st.expect.wrote(own.clone(), None);
     }
 
-    let old = strategy.status.clone().unwrap_or_default();
-    let mut observed = st.caches.observe(ns, name, &strategy.spec.target_ref.name);
+    let mut old = strategy.status.clone().unwrap_or_default();
+    let target = strategy.spec.target_ref.name.clone();
+    let mut observed = st.caches.observe(ns, name, &target);
+    if !st.caches_show_our_writes(ns, &target, &old, &observed) {
+        tracing::debug!(strategy = %name, namespace = %ns, "the caches have not caught up with our own writes yet");
+        return Ok(Action::requeue(NOT_YET));
+    }
     if observe::needs_fresh_target(&old, &observed) {
-        observed.deployment = observe::read_target(client, ns, &strategy.spec.target_ref.name)
+        observed.deployment = observe::read_target(client, ns, &target)
             .await
             .map_err(Error::Observe)?;
     }
@@ -529,183 +598,181 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
         .collect();
     observe::read_log_tails(client, ns, &mut observed, &want_logs).await;
     // A write the API server refused: the machine decides once more knowing it (a refusal is
-    // not a step), and a refused Deployment write ends the reconcile in backoff. At most two
-    // rounds: the second either changes nothing, is recorded, or fails.
+    // not a step), and a refused Deployment write ends the reconcile in backoff. A plan that
+    // stops before a write needing its status recorded goes on once that status is written.
     let mut rejected: Option<Rejection> = None;
-    loop {
-        let decision = decide(&strategy, &observed, rejected.as_ref(), st);
-        if !decision.changes(&old) {
-            for job in &decision.prune {
-                write::delete_job(client, ns, job).await?;
-                tracing::info!(strategy = %name, namespace = %ns, job, "pruned a finished hook Job");
+    let mut rounds = 0;
+    // The Events of every round whose status is written, published once the reconcile's writes
+    // are done (or one failed): not between a status write and the write it allows, where each
+    // Event would hold up, say, the unpause after a hook by a request.
+    let mut told: Vec<machine::Note> = Vec::new();
+    let result: Result<Action, Error> = async {
+        loop {
+            rounds += 1;
+            let machine::Plan { decision, more } =
+                plan(&strategy, &observed, rejected.as_ref(), st);
+            if !decision.changes(&old) {
+                let ours = |job: &&String| {
+                    st.expect.seen(
+                        &expect::Key::Job(ns.to_string(), (*job).clone()),
+                        st.caches.job_version(ns, job).as_deref(),
+                        true,
+                    ) == expect::Seen::Yes
+                };
+                for job in decision.prune.iter().filter(ours) {
+                    write::delete_job(client, ns, job).await?;
+                    st.expect
+                        .deleted(expect::Key::Job(ns.to_string(), job.clone()));
+                    tracing::info!(strategy = %name, namespace = %ns, job, "pruned a finished hook Job");
+                }
+                return Ok(Action::requeue(
+                    decision.requeue.unwrap_or(RESYNC).min(RESYNC),
+                ));
+            }
+            let mut refused = None;
+            let act = write::Act {
+                client,
+                metrics: &st.ctx.metrics,
+                expect: &st.expect,
+                strategy: &strategy,
+                observed: &observed,
+                decision: &decision,
+            };
+            let mut wrote_strategy_rv = None;
+            for effect in &decision.effects {
+                match write::perform(effect, &act).await {
+                    Ok(written) => wrote_strategy_rv = written.or(wrote_strategy_rv),
+                    // The first refusal is the machine's to record; the same one again is an error.
+                    Err(Error::Refused { code, message }) if rejected.is_none() => {
+                        tracing::warn!(strategy = %name, namespace = %ns, ?effect, code, %message, "the API server refused a write");
+                        refused = Some(Rejection {
+                            effect: effect.clone(),
+                            code,
+                            message,
+                        });
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let wrote_strategy = wrote_strategy_rv.is_some();
+            if let Some(written) = wrote_strategy_rv {
+                rv = Some(written);
+            }
+            if refused.is_some() {
+                rejected = refused;
+                continue;
+            }
+            let written = if decision.status == old {
+                // Only the effects were this round's (an unpause after the status that allows it,
+                // say): a status write would change nothing and cost a request.
+                if wrote_strategy {
+                    st.expect.wrote(own.clone(), rv.as_deref());
+                }
+                rv.clone()
+            } else {
+                let written = status::write(&api, name, rv.as_deref(), &decision.status).await?;
+                st.expect.wrote(own.clone(), written.as_deref());
+                st.pace.wrote(&format!("{ns}/{name}"));
+                written
+            };
+            if old.phase != decision.status.phase {
+                tracing::info!(strategy = %name, namespace = %ns, phase = ?decision.status.phase, revision = ?decision.status.current_revision, message = ?decision.status.message, "phase");
+            }
+            status::count(&st.ctx.metrics, &old, &decision);
+            told.extend(decision.events.iter().cloned());
+            if let Some(r) = rejected.filter(|r| r.effect.writes_deployment()) {
+                // Recorded in status and an Event; the Deployment is written again after a backoff.
+                return Err(Error::Refused {
+                    code: r.code,
+                    message: r.message,
+                });
+            }
+            if more && rounds < ROUNDS && written.is_some() {
+                // What this round wrote is what the next one decides on.
+                took_effect(&decision.effects, &mut strategy, &mut observed);
+                strategy.status = Some(decision.status.clone());
+                strategy.metadata.resource_version = written.clone();
+                rv = written;
+                old = decision.status;
+                rejected = None;
+                continue;
             }
             return Ok(Action::requeue(
-                decision.requeue.unwrap_or(RESYNC).min(RESYNC),
+                decision.requeue.map_or(AFTER_STEP, |r| r.min(AFTER_STEP)),
             ));
         }
-        let mut refused = None;
-        for effect in &decision.effects {
-            match perform(effect, &strategy, &observed, &decision, st).await {
-                Ok(()) => {}
-                // The first refusal is the machine's to record; the same one again is an error.
-                Err(Error::Refused { code, message }) if rejected.is_none() => {
-                    tracing::warn!(strategy = %name, namespace = %ns, ?effect, code, %message, "the API server refused a write");
-                    refused = Some(Rejection {
-                        effect: effect.clone(),
-                        code,
-                        message,
-                    });
-                    break;
+    }
+    .await;
+    if !told.is_empty() {
+        status::publish(&st.recorder, &strategy, observed.deployment.as_ref(), &told).await;
+    }
+    result
+}
+
+/// What the bookkeeping effects of a round changed, for the next round's views (the caches show
+/// it only later).
+fn took_effect(
+    effects: &[Effect],
+    strategy: &mut RolloutStrategy,
+    observed: &mut observe::Observed,
+) {
+    for e in effects {
+        match e {
+            Effect::Annotate(phase) => {
+                if let Some(d) = observed.deployment.as_mut() {
+                    d.phase_label = Some(machine::phase_name(*phase).to_string());
+                    d.governed_label = true;
+                    d.annotations.remove(machine::PHASE_LABEL);
+                    d.annotations.insert(
+                        machine::STRATEGY_ANNOTATION.to_string(),
+                        strategy.name_any(),
+                    );
                 }
-                Err(e) => return Err(e),
             }
+            Effect::MarkTarget(covered) => {
+                let labels = strategy.metadata.labels.get_or_insert_default();
+                if *covered {
+                    labels.insert(gate::TARGET_GOVERNED_LABEL.to_string(), "true".to_string());
+                } else {
+                    labels.remove(gate::TARGET_GOVERNED_LABEL);
+                }
+            }
+            _ => {}
         }
-        if refused.is_some() {
-            rejected = refused;
-            continue;
-        }
-        status::write(&api, name, &old, &decision.status).await?;
-        if old.phase != decision.status.phase {
-            tracing::info!(strategy = %name, namespace = %ns, phase = ?decision.status.phase, revision = ?decision.status.current_revision, message = ?decision.status.message, "phase");
-        }
-        status::count(&st.ctx.metrics, &old, &decision);
-        status::publish(
-            &st.recorder,
-            &strategy,
-            observed.deployment.as_ref(),
-            &decision.events,
-        )
-        .await;
-        return match rejected {
-            // Recorded in status and an Event; the Deployment is written again after a backoff.
-            Some(r) if r.effect.writes_deployment() => Err(Error::Refused {
-                code: r.code,
-                message: r.message,
-            }),
-            _ => Ok(Action::requeue(
-                decision.requeue.map_or(AFTER_STEP, |r| r.min(AFTER_STEP)),
-            )),
-        };
     }
 }
 
-async fn perform(
-    effect: &Effect,
-    strategy: &RolloutStrategy,
-    observed: &observe::Observed,
-    decision: &machine::Decision,
-    st: &State,
-) -> Result<(), Error> {
-    let ns = strategy.namespace().unwrap_or_default();
-    let client = &st.ctx.client;
-    let target = &strategy.spec.target_ref.name;
-    let metrics = &st.ctx.metrics;
-    tracing::info!(strategy = %strategy.name_any(), namespace = %ns, ?effect, "write");
-    let result = match effect {
-        Effect::Pause => write::set_paused(client, &ns, target, true).await,
-        // Only the Deployment as observed is unpaused: a template changed since (and paused by
-        // the revision gate) must not be let go with it.
-        Effect::Unpause => {
-            let rv = observed
-                .deployment
-                .as_ref()
-                .map(|d| d.resource_version.as_str());
-            write::unpause(client, &ns, target, rv).await
+impl State {
+    /// Whether the caches show our own last writes of the Deployment and of the Jobs that
+    /// `status` names ([`expect`]). What we expect nothing of, or no longer know, counts as
+    /// shown: the decision then rests on the other safeguards (see [`sync`]).
+    fn caches_show_our_writes(
+        &self,
+        ns: &str,
+        target: &str,
+        status: &crate::api::RolloutStrategyStatus,
+        observed: &observe::Observed,
+    ) -> bool {
+        let dep = expect::Key::Deployment(ns.to_string(), target.to_string());
+        let cached = observed
+            .deployment
+            .as_ref()
+            .map(|d| d.resource_version.as_str());
+        if self.expect.seen(&dep, cached, true) == expect::Seen::NotYet {
+            return false;
         }
-        Effect::Annotate(phase) => {
-            write::annotate(client, &ns, target, &strategy.name_any(), *phase).await
-        }
-        Effect::Scale(n) => write::scale(client, &ns, target, *n).await,
-        Effect::RestoreTemplate => {
-            let (Some(dep), Some(template)) = (
-                observed.deployment.as_ref(),
-                decision.status.stable_template.as_ref(),
-            ) else {
-                return Ok(());
-            };
-            write::restore_template(client, &ns, target, &dep.resource_version, template).await
-        }
-        Effect::CreateJob {
-            point,
-            hook,
-            revision,
-            attempt,
-        } => {
-            let Some(dep) = observed
-                .deployment
-                .as_ref()
-                .filter(|d| &d.revision == revision)
-            else {
-                return Err(Error::Conflict);
-            };
-            let Some(h) = strategy
-                .spec
-                .hooks()
-                .find(|(_, h)| &h.name == hook)
-                .map(|(_, h)| h)
-            else {
-                return Err(Error::BuildJob(format!("hook {hook} is not in the spec")));
-            };
-            let job = hooks::build_job(&hooks::JobInput {
-                strategy,
-                deployment: target,
-                deployment_uid: &dep.uid,
-                hook: h,
-                point: *point,
-                from_revision: decision.status.stable_revision.as_deref(),
-                to_revision: revision,
-                attempt: *attempt,
-                template: &dep.template,
+        status
+            .hooks
+            .iter()
+            .filter_map(|h| h.job_name.as_ref())
+            .all(|job| {
+                let key = expect::Key::Job(ns.to_string(), job.clone());
+                self.expect
+                    .seen(&key, self.caches.job_version(ns, job).as_deref(), true)
+                    != expect::Seen::NotYet
             })
-            .map_err(|e| Error::BuildJob(e.to_string()))?;
-            let created = write::create_job(client, &ns, &job).await?;
-            metrics.count_write(
-                CONTROLLER,
-                "Job",
-                if created { "created" } else { "adopted" },
-            );
-            tracing::info!(strategy = %strategy.name_any(), namespace = %ns, job = %job.name_any(), created, "hook Job");
-            return Ok(());
-        }
-        Effect::DeleteJob(job) => {
-            write::delete_job(client, &ns, job).await?;
-            metrics.count_write(CONTROLLER, "Job", "deleted");
-            return Ok(());
-        }
-        Effect::MarkTarget(covered) => {
-            // "Covered" because the cache shows no Deployment: only a fresh read may say so
-            // (one created a moment before the strategy, which the cache has not seen yet,
-            // would be left without the gate). One created after this read is a create,
-            // which the gate covers whatever the mark says.
-            if *covered && observed.deployment.is_none() {
-                let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-                if deployments
-                    .get_metadata_opt(target)
-                    .await
-                    .map_err(Error::Deployment)?
-                    .is_some()
-                {
-                    return Err(Error::Conflict);
-                }
-            }
-            return write::mark_target(client, &ns, &strategy.name_any(), *covered).await;
-        }
-        Effect::RemoveAnnotation(key) => {
-            let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns);
-            let value = strategy
-                .annotations()
-                .get(*key)
-                .cloned()
-                .unwrap_or_default();
-            return write::remove_annotation(&api, &strategy.name_any(), key, &value).await;
-        }
-    };
-    metrics.count_write(
-        CONTROLLER,
-        "Deployment",
-        if result.is_ok() { "patched" } else { "error" },
-    );
-    result
+    }
 }
 
 /// On deletion: the Deployment gets back the replicas a Recreate mid hook set aside and is
@@ -737,7 +804,7 @@ async fn release(
     if let Some(orig) = original_replicas {
         write::scale(client, ns, target, orig).await?;
     }
-    write::unpause(client, ns, target, None).await?;
+    write::unpause(client, ns, target, None, None).await?;
     write::remove_deployment_metadata(client, ns, target).await?;
     st.ctx
         .metrics

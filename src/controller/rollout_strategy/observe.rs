@@ -494,6 +494,13 @@ pub struct Caches {
 }
 
 impl Caches {
+    /// The resourceVersion of hook Job `name` of `ns` in the cache, if it is there.
+    pub fn job_version(&self, ns: &str, name: &str) -> Option<String> {
+        self.jobs
+            .get(&ObjectRef::new(name).within(ns))
+            .and_then(|j| j.metadata.resource_version.clone())
+    }
+
     /// What strategy `strategy` in `ns`, targeting Deployment `target`, decides on, from the
     /// caches alone (no log tails: see [`read_log_tails`]).
     pub fn observe(&self, ns: &str, strategy: &str, target: &str) -> Observed {

@@ -1,13 +1,20 @@
-//! The only place the RolloutStrategy controller writes: `spec.paused` of the target Deployment
-//! by server-side apply with the field manager `ballast.dev/rollout-strategy` (the operator
-//! owns that field), its replicas and (on rollback) its template by JSON patches guarded by a
-//! test, hook Jobs (create — an existing one is adopted —, delete), the Deployment's
-//! annotations and [`GOVERNED_LABEL`], and the strategy's own annotations once acted on and its
-//! [`TARGET_GOVERNED_LABEL`].
+//! The only place the RolloutStrategy controller writes ([`perform`] maps each effect of a
+//! decision to its write): `spec.paused` of the target Deployment by server-side apply with
+//! the field manager `ballast.dev/rollout-strategy` (the operator owns that field), together
+//! with the Deployment's phase label, [`GOVERNED_LABEL`] and strategy annotation; its replicas
+//! and (on rollback) its template by JSON patches guarded by a test, hook Jobs (create — an
+//! existing one is adopted —, delete), the Deployment's annotations and labels on their own
+//! when no pause or unpause carries them, and the strategy's own annotations once acted on and
+//! its [`TARGET_GOVERNED_LABEL`].
 
+use super::CONTROLLER;
 use super::error::Error;
+use super::expect::{Expectations, Key};
 use super::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
-use super::machine::{PHASE_LABEL, STRATEGY_ANNOTATION};
+use super::hooks;
+use super::machine::{Decision, Effect, PHASE_LABEL, STRATEGY_ANNOTATION};
+use super::observe::Observed;
+use crate::api::RolloutStrategy;
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -63,31 +70,24 @@ fn guarded_patch_error(e: kube::Error) -> Error {
     }
 }
 
-/// Sets `spec.paused` of Deployment `name`.
-pub async fn set_paused(client: &Client, ns: &str, name: &str, paused: bool) -> Result<(), Error> {
-    apply_paused(client, ns, name, paused, None).await
+/// What a pause or an unpause says on the Deployment besides `spec.paused`: which strategy
+/// governs it and the phase it is in ([`annotate`]'s fields), so the phase changes in the same
+/// write as the pause.
+#[derive(Clone, Copy, Debug)]
+pub struct Marks<'a> {
+    pub strategy: &'a str,
+    pub phase: crate::api::RolloutPhase,
 }
 
-/// `spec.paused: false`, only if the Deployment is still at `resource_version` (when given):
-/// a template changed in between — paused by the revision gate for its own hooks — is not
-/// unpaused with it (409: the machine decides again on what is there now).
-pub async fn unpause(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    resource_version: Option<&str>,
-) -> Result<(), Error> {
-    apply_paused(client, ns, name, false, resource_version).await
-}
-
-async fn apply_paused(
-    client: &Client,
-    ns: &str,
+/// The server-side apply body of `spec.paused` (with `marks`, and with `resource_version` as a
+/// precondition). Every apply of ours states the same fields: an apply that left one out would
+/// take it away.
+pub fn paused_body(
     name: &str,
     paused: bool,
     resource_version: Option<&str>,
-) -> Result<(), Error> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    marks: Option<Marks>,
+) -> serde_json::Value {
     let mut body = serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -98,26 +98,71 @@ async fn apply_paused(
         // In a server-side apply, a resourceVersion is a precondition.
         body["metadata"]["resourceVersion"] = rv.into();
     }
-    api.patch(
-        name,
-        &apply::params(ROLLOUT_STRATEGY_MANAGER, true),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(deployment_error)?;
-    Ok(())
+    if let Some(m) = marks {
+        body["metadata"]["annotations"] = serde_json::json!({STRATEGY_ANNOTATION: m.strategy});
+        body["metadata"]["labels"] = serde_json::json!({
+            GOVERNED_LABEL: "true",
+            PHASE_LABEL: super::machine::phase_name(m.phase),
+        });
+    }
+    body
+}
+
+/// Sets `spec.paused` of Deployment `name` (with `marks`). Returns the resourceVersion written.
+pub async fn set_paused(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    paused: bool,
+    marks: Option<Marks<'_>>,
+) -> Result<Option<String>, Error> {
+    apply_paused(client, ns, name, paused, None, marks).await
+}
+
+/// `spec.paused: false`, only if the Deployment is still at `resource_version` (when given):
+/// a template changed in between — paused by the revision gate for its own hooks — is not
+/// unpaused with it (409: the machine decides again on what is there now).
+pub async fn unpause(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    resource_version: Option<&str>,
+    marks: Option<Marks<'_>>,
+) -> Result<Option<String>, Error> {
+    apply_paused(client, ns, name, false, resource_version, marks).await
+}
+
+async fn apply_paused(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    paused: bool,
+    resource_version: Option<&str>,
+    marks: Option<Marks<'_>>,
+) -> Result<Option<String>, Error> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let body = paused_body(name, paused, resource_version, marks);
+    let written = api
+        .patch(
+            name,
+            &apply::params(ROLLOUT_STRATEGY_MANAGER, true),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(deployment_error)?;
+    Ok(written.resource_version())
 }
 
 /// Names the governing strategy (an annotation) and its phase (a label) on the Deployment, so
 /// `kubectl describe deploy` tells who holds it and why, and labels it [`GOVERNED_LABEL`] for the
-/// revision gate. One merge patch.
+/// revision gate. One merge patch. Returns the resourceVersion written.
 pub async fn annotate(
     client: &Client,
     ns: &str,
     name: &str,
     strategy: &str,
     phase: crate::api::RolloutPhase,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let patch = serde_json::json!({"metadata": {
         // The phase was an annotation before: gone from there.
         "annotations": {STRATEGY_ANNOTATION: strategy, PHASE_LABEL: null},
@@ -138,7 +183,7 @@ pub async fn remove_deployment_metadata(
     }});
     match merge_metadata(client, ns, name, &patch).await {
         Err(Error::Deployment(kube::Error::Api(s))) if s.code == 404 => Ok(()),
-        r => r,
+        r => r.map(|_| ()),
     }
 }
 
@@ -147,12 +192,13 @@ async fn merge_metadata(
     ns: &str,
     name: &str,
     patch: &serde_json::Value,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    api.patch(name, &update_params(), &Patch::Merge(patch))
+    let written = api
+        .patch(name, &update_params(), &Patch::Merge(patch))
         .await
         .map_err(deployment_error)?;
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// Parameters of our non-apply writes (scale, rollback): they carry the
@@ -164,16 +210,22 @@ fn update_params() -> PatchParams {
     }
 }
 
-/// Sets `spec.replicas` of Deployment `name`.
-pub async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) -> Result<(), Error> {
+/// Sets `spec.replicas` of Deployment `name`. Returns the resourceVersion written.
+pub async fn scale(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+) -> Result<Option<String>, Error> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let patch = json_patch(serde_json::json!([
         {"op": "add", "path": "/spec/replicas", "value": replicas},
     ]));
-    api.patch(name, &update_params(), &Patch::<()>::Json(patch))
+    let written = api
+        .patch(name, &update_params(), &Patch::<()>::Json(patch))
         .await
         .map_err(deployment_error)?;
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// Puts `template` back as the pod template of Deployment `name`, like `kubectl rollout undo`,
@@ -184,29 +236,30 @@ pub async fn restore_template(
     name: &str,
     resource_version: &str,
     template: &serde_json::Value,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let patch = json_patch(serde_json::json!([
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "replace", "path": "/spec/template", "value": template},
     ]));
-    api.patch(name, &update_params(), &Patch::<()>::Json(patch))
+    let written = api
+        .patch(name, &update_params(), &Patch::<()>::Json(patch))
         .await
         .map_err(guarded_patch_error)?;
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// Creates `job`; one that already exists (made before a restart) is adopted, never duplicated.
-/// Returns whether it was created now.
-pub async fn create_job(client: &Client, ns: &str, job: &Job) -> Result<bool, Error> {
+/// Returns the resourceVersion of the Job created now, `None` for one adopted.
+pub async fn create_job(client: &Client, ns: &str, job: &Job) -> Result<Option<String>, Error> {
     let api: Api<Job> = Api::namespaced(client.clone(), ns);
     let pp = PostParams {
         field_manager: Some(ROLLOUT_STRATEGY_MANAGER.into()),
         ..Default::default()
     };
     match api.create(&pp, job).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Ok(created) => Ok(Some(created.resource_version().unwrap_or_default())),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
         Err(e) => Err(match refused(&e) {
             Some((code, message)) => Error::Refused { code, message },
             None => Error::CreateJob {
@@ -231,13 +284,13 @@ pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<(), Err
 }
 
 /// Sets or removes the strategy's [`TARGET_GOVERNED_LABEL`] (a merge patch; repeated, the
-/// same).
+/// same). Returns the strategy's resourceVersion written.
 pub async fn mark_target(
     client: &Client,
     ns: &str,
     name: &str,
     covered: bool,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let api: Api<crate::api::RolloutStrategy> = Api::namespaced(client.clone(), ns);
     let value = covered.then_some("true");
     let patch = serde_json::json!({"metadata": {"labels": {TARGET_GOVERNED_LABEL: value}}});
@@ -245,20 +298,21 @@ pub async fn mark_target(
         .patch(name, &update_params(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(written.resource_version()),
         // Deleted meanwhile: nothing to mark.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(Error::Annotation(e)),
     }
 }
 
-/// Removes annotation `key` from the strategy if it still has `value`.
+/// Removes annotation `key` from the strategy if it still has `value`. Returns the strategy's
+/// resourceVersion written (`None` when there was nothing to remove).
 pub async fn remove_annotation<K>(
     api: &Api<K>,
     name: &str,
     key: &str,
     value: &str,
-) -> Result<(), Error>
+) -> Result<Option<String>, Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -274,11 +328,155 @@ where
         .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(written.resource_version()),
         // Changed or gone meanwhile: nothing of ours to remove.
-        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Ok(None),
         Err(e) => Err(Error::Annotation(e)),
     }
+}
+
+/// What [`perform`] acts with.
+pub struct Act<'a> {
+    pub client: &'a Client,
+    pub metrics: &'a crate::metrics::Metrics,
+    /// Where every write records what it leads us to expect of the caches.
+    pub expect: &'a Expectations,
+    pub strategy: &'a RolloutStrategy,
+    pub observed: &'a Observed,
+    pub decision: &'a Decision,
+}
+
+/// Performs one effect of a decision: the one place that maps an [`Effect`] to a write. Each
+/// write records its resourceVersion in [`Act::expect`]. Returns the strategy's
+/// resourceVersion when the effect wrote the strategy itself.
+pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Error> {
+    let strategy = a.strategy;
+    let name = strategy.name_any();
+    let ns = strategy.namespace().unwrap_or_default();
+    let client = a.client;
+    let target = &strategy.spec.target_ref.name;
+    let marks = Marks {
+        strategy: &name,
+        phase: a.decision.status.phase.unwrap_or_default(),
+    };
+    let deployment = Key::Deployment(ns.clone(), target.clone());
+    tracing::info!(strategy = %name, namespace = %ns, ?effect, "write");
+    let result = match effect {
+        Effect::Pause => set_paused(client, &ns, target, true, Some(marks)).await,
+        // Only the Deployment as observed is unpaused: a template changed since (and paused by
+        // the revision gate) must not be let go with it.
+        Effect::Unpause => {
+            let rv = a
+                .observed
+                .deployment
+                .as_ref()
+                .map(|d| d.resource_version.as_str());
+            unpause(client, &ns, target, rv, Some(marks)).await
+        }
+        Effect::Annotate(phase) => annotate(client, &ns, target, &name, *phase).await,
+        Effect::Scale(n) => scale(client, &ns, target, *n).await,
+        Effect::RestoreTemplate => {
+            let (Some(dep), Some(template)) = (
+                a.observed.deployment.as_ref(),
+                a.decision.status.stable_template.as_ref(),
+            ) else {
+                return Ok(None);
+            };
+            restore_template(client, &ns, target, &dep.resource_version, template).await
+        }
+        Effect::CreateJob {
+            point,
+            hook,
+            revision,
+            attempt,
+        } => {
+            let Some(dep) = a
+                .observed
+                .deployment
+                .as_ref()
+                .filter(|d| &d.revision == revision)
+            else {
+                return Err(Error::Conflict);
+            };
+            let Some(h) = strategy
+                .spec
+                .hooks()
+                .find(|(_, h)| &h.name == hook)
+                .map(|(_, h)| h)
+            else {
+                return Err(Error::BuildJob(format!("hook {hook} is not in the spec")));
+            };
+            let job = hooks::build_job(&hooks::JobInput {
+                strategy,
+                deployment: target,
+                deployment_uid: &dep.uid,
+                hook: h,
+                point: *point,
+                from_revision: a.decision.status.stable_revision.as_deref(),
+                to_revision: revision,
+                attempt: *attempt,
+                template: &dep.template,
+            })
+            .map_err(|e| Error::BuildJob(e.to_string()))?;
+            let created = create_job(client, &ns, &job).await?;
+            let job_name = job.name_any();
+            if let Some(rv) = &created {
+                a.expect
+                    .wrote(Key::Job(ns.clone(), job_name.clone()), Some(rv));
+            }
+            a.metrics.count_write(
+                CONTROLLER,
+                "Job",
+                if created.is_some() {
+                    "created"
+                } else {
+                    "adopted"
+                },
+            );
+            tracing::info!(strategy = %name, namespace = %ns, job = %job_name, created = created.is_some(), "hook Job");
+            return Ok(None);
+        }
+        Effect::DeleteJob(job) => {
+            delete_job(client, &ns, job).await?;
+            a.expect.deleted(Key::Job(ns.clone(), job.clone()));
+            a.metrics.count_write(CONTROLLER, "Job", "deleted");
+            return Ok(None);
+        }
+        Effect::MarkTarget(covered) => {
+            // "Covered" because the cache shows no Deployment: only a fresh read may say so
+            // (one created a moment before the strategy, which the cache has not seen yet,
+            // would be left without the gate). One created after this read is a create,
+            // which the gate covers whatever the mark says.
+            if *covered && a.observed.deployment.is_none() {
+                let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+                if deployments
+                    .get_metadata_opt(target)
+                    .await
+                    .map_err(Error::Deployment)?
+                    .is_some()
+                {
+                    return Err(Error::Conflict);
+                }
+            }
+            return mark_target(client, &ns, &name, *covered).await;
+        }
+        Effect::RemoveAnnotation(key) => {
+            let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns);
+            let value = strategy
+                .annotations()
+                .get(*key)
+                .cloned()
+                .unwrap_or_default();
+            return remove_annotation(&api, &name, key, &value).await;
+        }
+    };
+    a.metrics.count_write(
+        CONTROLLER,
+        "Deployment",
+        if result.is_ok() { "patched" } else { "error" },
+    );
+    a.expect.wrote(deployment, result?.as_deref());
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -293,6 +491,26 @@ mod tests {
             }
             .boxed(),
         )
+    }
+
+    #[test]
+    fn a_pause_states_the_phase_and_who_governs_and_an_unpause_its_precondition() {
+        let marks = Marks {
+            strategy: "web",
+            phase: crate::api::RolloutPhase::MidHook,
+        };
+        let b = paused_body("web", true, None, Some(marks));
+        assert_eq!(b["spec"]["paused"], true);
+        assert_eq!(b["metadata"]["labels"][PHASE_LABEL], "MidHook");
+        assert_eq!(b["metadata"]["labels"][GOVERNED_LABEL], "true");
+        assert_eq!(b["metadata"]["annotations"][STRATEGY_ANNOTATION], "web");
+        assert!(b["metadata"].get("resourceVersion").is_none());
+        let b = paused_body("web", false, Some("42"), None);
+        assert_eq!(b["metadata"]["resourceVersion"], "42");
+        assert!(
+            b["metadata"].get("labels").is_none(),
+            "a release states no marks"
+        );
     }
 
     #[test]
