@@ -1141,3 +1141,89 @@ spec:
         "no point passed with single-pod steps"
     );
 }
+
+/// A strategy without pre hooks holds nothing back at the start of a revision: with the
+/// revision gate the template change is never paused (the gate pauses only for pre hooks), the
+/// new ReplicaSet exists at once, and the post hook still runs once, after the rollout is
+/// complete. Without the gate the Deployment is paused at rest, and the revision is let go.
+#[tokio::test]
+async fn a_revision_without_pre_hooks_is_not_held_and_its_post_hook_runs_once_after_it() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let env = Env::new("rost-nopre").await;
+    let stable = adopt(
+        &env,
+        2,
+        "  post: [{name: purge, container: {from: app, command: [purge]}}]\n",
+    )
+    .await;
+    // Every copy of the Deployment the API server sends from now on: (paused, image).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(bool, String)>::new()));
+    let watch = {
+        let seen = seen.clone();
+        let stream = watcher(
+            env.deployments(),
+            watcher::Config::default().fields("metadata.name=web"),
+        )
+        .applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(d)) = stream.next().await {
+                let spec = d.spec.unwrap_or_default();
+                let image = spec.template.spec.unwrap_or_default().containers[0]
+                    .image
+                    .clone()
+                    .unwrap_or_default();
+                seen.lock()
+                    .unwrap()
+                    .push((spec.paused.unwrap_or(false), image));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let changed = jiff::Timestamp::now();
+    env.set_image("web", "web:2").await;
+    let s = env.wait_succeeded_after("web", &stable, 60).await;
+    watch.abort();
+
+    let rss = env.replica_sets().await;
+    let rs2 = rs_of_image(&rss, "web:2").expect("the new ReplicaSet");
+    let created = ts(&rs2.metadata.creation_timestamp);
+    let jobs = env.all_jobs().await;
+    let purge = job_of(&jobs, "purge");
+    assert_eq!(purge.len(), 1, "one post hook Job");
+    let purge_created = ts(&purge[0].metadata.creation_timestamp);
+    assert!(
+        purge_created >= created,
+        "the post hook ran after the new ReplicaSet existed"
+    );
+    assert!(
+        s.hooks
+            .iter()
+            .any(|h| h.name == "purge" && h.phase == HookPhase::Succeeded),
+        "{:?}",
+        s.hooks
+    );
+    if env.admission() {
+        let seen = seen.lock().unwrap().clone();
+        let held: Vec<_> = seen.iter().filter(|(p, i)| *p && i == "web:2").collect();
+        assert!(
+            held.is_empty(),
+            "the revision of a strategy without pre hooks was paused: {seen:?}"
+        );
+        // Not held: the Deployment controller made the ReplicaSet as soon as it saw the change
+        // (seconds, not the operator's reaction; the second is the timestamps' resolution).
+        let lag = created.duration_since(changed);
+        assert!(
+            lag < jiff::SignedDuration::from_secs(5),
+            "new ReplicaSet {lag} after the change"
+        );
+        assert!(
+            env.events("RevisionNotGated").await.is_empty(),
+            "nothing to warn about"
+        );
+        assert!(!env.paused("web").await, "at rest, not paused");
+    } else {
+        assert!(env.paused("web").await, "pause-at-rest: paused at rest");
+    }
+}

@@ -257,14 +257,16 @@ impl Machine<'_> {
     /// followed to its end (its result is recorded, a failure applies its policy), then the
     /// new revision starts from its pre hooks.
     pub(super) fn superseded(&mut self, dep: &DeploymentView) {
-        if !dep.paused {
-            self.effect(Effect::Pause);
-            return;
-        }
         let running = self.st.hooks.iter().position(|e| {
             Self::is_open(e)
                 && (e.job_name.is_some() || self.i.jobs.iter().any(|j| j.name == self.job_name(e)))
         });
+        // Held while a hook of the old revision is followed to its end, or for the new one's pre
+        // hooks; with neither, the new revision rolls out at once (as the revision gate lets it).
+        if !dep.paused && (running.is_some() || !self.i.spec.pre.is_empty()) {
+            self.effect(Effect::Pause);
+            return;
+        }
         if let Some(idx) = running {
             let name = self.st.hooks[idx].name.clone();
             if let Some((point, hook)) = self.i.spec.hooks().find(|(_, h)| h.name == name) {

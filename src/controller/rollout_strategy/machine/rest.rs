@@ -140,7 +140,9 @@ impl Machine<'_> {
             }
             return;
         }
-        if !dep.paused {
+        // A strategy without pre hooks has nothing to hold the new revision for: the gate lets
+        // it roll out at once, and so does the machine (mid hooks pause at their points).
+        if !dep.paused && !self.i.spec.pre.is_empty() {
             if self.admission() {
                 self.event(
                     true,

@@ -1871,6 +1871,53 @@ fn with_the_gate_a_revision_it_missed_is_paused_late_and_warned_about() {
 }
 
 #[test]
+fn with_the_gate_a_revision_without_pre_hooks_is_never_paused_to_start() {
+    // What the gate lets through (config/admission/revision_gate.yaml pauses only for a strategy
+    // with pre hooks) rolls out at once: no pause, no RevisionNotGated, straight to Rolling.
+    for hooks in [
+        "mid: [{name: smoke, at: 50%, container: {from: app}}]",
+        "post: [{name: purge, container: {from: app}}]",
+        "",
+    ] {
+        let s = spec(hooks);
+        let mut d = Case::new(s.clone(), at_rest(OLD), dep(NEW, false))
+            .admission()
+            .decide();
+        assert!(d.effects.is_empty(), "{hooks}: {:?}", d.effects);
+        assert_eq!(reasons(&d), ["RolloutStarted"], "{hooks}");
+        // The next decision (on what was recorded) goes on rolling, still without a pause.
+        for _ in 0..3 {
+            if phase(&d) == RolloutPhase::Rolling {
+                break;
+            }
+            d = Case::new(s.clone(), d.status.clone(), dep(NEW, false))
+                .admission()
+                .decide();
+            assert!(
+                !d.effects.contains(&Effect::Pause),
+                "{hooks}: {:?}",
+                d.effects
+            );
+        }
+        assert_eq!(phase(&d), RolloutPhase::Rolling, "{hooks}");
+    }
+    // A superseded revision of such a strategy is not paused either; with pre hooks it is.
+    let rolling = || status(RolloutPhase::Rolling, vec![]);
+    let d = Case::new(
+        spec("post: [{name: purge, container: {from: app}}]"),
+        rolling(),
+        dep("r3", false),
+    )
+    .admission()
+    .decide();
+    assert!(!d.effects.contains(&Effect::Pause), "{:?}", d.effects);
+    let d = Case::new(full(), rolling(), dep("r3", false))
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Pause]);
+}
+
+#[test]
 fn with_the_gate_post_hooks_run_unpaused_and_the_revision_ends_unpaused() {
     let done = vec![ok("migrate", HookPoint::Pre), ok("smoke", HookPoint::Mid)];
     let d = Case::new(
