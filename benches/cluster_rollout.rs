@@ -735,10 +735,11 @@ async fn rollout(obs: &Observer, client: &Client, ns: &str, governed: bool, k: u
             &Patch::Strategic(revision_patch(k, false)),
         )
         .await?;
+    // The strategy has no pre hooks, so the revision gate does not pause the revision either.
     let paused = d.spec.as_ref().and_then(|s| s.paused) == Some(true);
     ensure!(
-        paused == governed,
-        "{ns}/{ROLLOUT}: revision {k} paused in its write: {paused}, expected {governed}"
+        !paused,
+        "{ns}/{ROLLOUT} (governed: {governed}): revision {k} paused in its write, though no pre hook needs it"
     );
     let key = (ns.to_string(), ROLLOUT.to_string(), k);
     let t1 = obs
