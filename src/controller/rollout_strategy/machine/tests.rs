@@ -233,7 +233,12 @@ impl<'a> Case<'a> {
     }
 
     fn decide_all(&self) -> Decision {
-        decide(&Input {
+        decide(&self.input())
+    }
+
+    /// The machine's input for this case.
+    fn input(&self) -> Input<'_> {
+        Input {
             name: "web",
             generation: Some(1),
             spec: &self.spec,
@@ -249,7 +254,7 @@ impl<'a> Case<'a> {
             rejected: self.rejected.as_ref(),
             gate: self.gate,
             target_marked: self.target_marked,
-        })
+        }
     }
 }
 

@@ -14,23 +14,7 @@ impl Case<'_> {
     }
 
     fn plan_all(&self) -> Plan {
-        plan(&Input {
-            name: "web",
-            generation: Some(1),
-            spec: &self.spec,
-            status: &self.status,
-            approve: self.approve,
-            retry: self.retry,
-            abort: self.abort,
-            deployment: self.dep.as_ref(),
-            jobs: &self.jobs,
-            now: t(self.now),
-            governed_by: self.governed_by,
-            live_pods: &self.live_pods,
-            rejected: self.rejected.as_ref(),
-            gate: self.gate,
-            target_marked: self.target_marked,
-        })
+        plan(&self.input())
     }
 }
 
