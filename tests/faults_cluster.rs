@@ -9,10 +9,10 @@
 //! tests/faults.rs, each scenario records its row of the fault table before the test asserts.
 //! See docs/reliability.md.
 //!
-//! Overrides: `BALLAST_FAULTS_CLUSTER_DIR`, `BALLAST_FAULTS_APISERVER_PORT` (36443),
-//! `BALLAST_FAULTS_ETCD_PORT` (32379), `BALLAST_FAULTS_ETCD_PEER_PORT` (32380),
-//! `BALLAST_FAULTS_KCM_PORT` (30257), `BALLAST_FAULTS_SCHEDULER_PORT` (30259),
-//! `BALLAST_FAULTS_KWOK_PORT` (30247); `BALLAST_FAULTS_KEEP_CLUSTER=1` leaves it running.
+//! Overrides: `BALLAST_FAULTS_CLUSTER_DIR`, `BALLAST_FAULTS_APISERVER_PORT` (17443),
+//! `BALLAST_FAULTS_ETCD_PORT` (17379), `BALLAST_FAULTS_ETCD_PEER_PORT` (17380),
+//! `BALLAST_FAULTS_KCM_PORT` (17257), `BALLAST_FAULTS_SCHEDULER_PORT` (17259),
+//! `BALLAST_FAULTS_KWOK_PORT` (17247); `BALLAST_FAULTS_KEEP_CLUSTER=1` leaves it running.
 
 mod support;
 
@@ -38,18 +38,19 @@ use support::rollout::*;
 use support::{Cluster, Operator, own_cluster, wait_until};
 
 /// The cluster's state directory and the hack/ scripts' port variables, with this target's
-/// defaults (none of them the shared cluster's).
+/// defaults (none of them the shared cluster's, and all below Linux's ephemeral range,
+/// 32768-60999, where any outgoing connection of the tests may hold a port for a moment).
 fn own_cluster_config() -> (PathBuf, Vec<(String, String)>) {
     let dir = std::env::var_os("BALLAST_FAULTS_CLUSTER_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| support::repo_root().join("target/faults-cluster"));
     let ports = [
-        ("APISERVER", 36443),
-        ("ETCD", 32379),
-        ("ETCD_PEER", 32380),
-        ("KCM", 30257),
-        ("SCHEDULER", 30259),
-        ("KWOK", 30247),
+        ("APISERVER", 17443),
+        ("ETCD", 17379),
+        ("ETCD_PEER", 17380),
+        ("KCM", 17257),
+        ("SCHEDULER", 17259),
+        ("KWOK", 17247),
     ]
     .iter()
     .map(|(what, default)| {

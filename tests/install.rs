@@ -295,17 +295,19 @@ fn the_installer_is_config_default_with_the_image_pinned_by_digest() {
     assert!(diff.is_empty(), "{}", diff.join("\n"));
 }
 
+/// Ports below Linux's ephemeral range (32768-60999): a CI run failed when an outgoing
+/// connection held 52380, the etcd peer port this cluster used before, as etcd started.
 fn own_cluster_config() -> (PathBuf, Vec<(String, String)>) {
     let dir = std::env::var_os("BALLAST_INSTALL_CLUSTER_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target/install-cluster"));
     let ports = [
-        ("APISERVER", 56443),
-        ("ETCD", 52379),
-        ("ETCD_PEER", 52380),
-        ("KCM", 50257),
-        ("SCHEDULER", 50259),
-        ("KWOK", 50247),
+        ("APISERVER", 18443),
+        ("ETCD", 18379),
+        ("ETCD_PEER", 18380),
+        ("KCM", 18257),
+        ("SCHEDULER", 18259),
+        ("KWOK", 18247),
     ]
     .iter()
     .map(|(what, default)| {
