@@ -261,9 +261,8 @@ impl Machine<'_> {
             Self::is_open(e)
                 && (e.job_name.is_some() || self.i.jobs.iter().any(|j| j.name == self.job_name(e)))
         });
-        // Held while a hook of the old revision is followed to its end, or for the new one's pre
-        // hooks; with neither, the new revision rolls out at once (as the revision gate lets it).
-        if !dep.paused && (running.is_some() || !self.i.spec.pre.is_empty()) {
+        // Held while a hook of the old revision is followed to its end, or as any new revision.
+        if !dep.paused && (running.is_some() || self.holds_new_revisions()) {
             self.effect(Effect::Pause);
             return;
         }

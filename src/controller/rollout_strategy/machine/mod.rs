@@ -503,6 +503,14 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// Whether a new revision is held (paused) before its pods start: only for pre hooks, which
+    /// must run before the new ReplicaSet exists. The revision gate's rule is the same
+    /// (`has(params.spec.pre)` in config/admission/revision_gate.yaml); mid hooks pause at
+    /// their points and post hooks run once the revision is out.
+    fn holds_new_revisions(&self) -> bool {
+        !self.i.spec.pre.is_empty()
+    }
+
     /// Whether this decision pauses or unpauses the Deployment (a write that also carries its
     /// labels and annotation).
     fn holds_or_lets_go(&self) -> bool {

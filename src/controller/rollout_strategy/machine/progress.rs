@@ -24,16 +24,14 @@ impl Machine<'_> {
     }
 
     pub(super) fn pre(&mut self, dep: &DeploymentView) {
-        let hooks = self.i.spec.pre.clone();
-        // Without pre hooks there is nothing to hold the revision for: the revision gate lets it
-        // roll out at once (config/admission/revision_gate.yaml), and so does the machine.
-        if !dep.paused && !hooks.is_empty() {
+        if !dep.paused && self.holds_new_revisions() {
             self.effect(Effect::Pause);
             return;
         }
         if self.restore_replicas(dep, false) {
             return;
         }
+        let hooks = self.i.spec.pre.clone();
         if self.run_hooks(HookPoint::Pre, &hooks, dep) == Run::Done {
             self.st.current_hook = None;
             self.set_phase(RolloutPhase::Rolling);

@@ -140,9 +140,7 @@ impl Machine<'_> {
             }
             return;
         }
-        // A strategy without pre hooks has nothing to hold the new revision for: the gate lets
-        // it roll out at once, and so does the machine (mid hooks pause at their points).
-        if !dep.paused && !self.i.spec.pre.is_empty() {
+        if !dep.paused && self.holds_new_revisions() {
             if self.admission() {
                 self.event(
                     true,
