@@ -78,6 +78,12 @@ pub const STRATEGY_ANNOTATION: &str = "ballast.dev/rollout-strategy";
 pub const PHASE_LABEL: &str = "ballast.dev/rollout-phase";
 
 impl Effect {
+    /// Whether this effect pauses or unpauses the Deployment: a write that also carries its
+    /// phase label and strategy annotation.
+    pub fn holds_or_lets_go(&self) -> bool {
+        matches!(self, Effect::Pause | Effect::Unpause)
+    }
+
     /// Whether this effect writes the Deployment (rather than a Job or the strategy).
     pub fn writes_deployment(&self) -> bool {
         matches!(
@@ -514,10 +520,7 @@ impl<'a> Machine<'a> {
     /// Whether this decision pauses or unpauses the Deployment (a write that also carries its
     /// labels and annotation).
     fn holds_or_lets_go(&self) -> bool {
-        self.d
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::Pause | Effect::Unpause))
+        self.d.effects.iter().any(Effect::holds_or_lets_go)
     }
 
     /// Keeps the Deployment's annotations naming this strategy and its phase, and its label.

@@ -57,10 +57,7 @@ pub fn plan(i: &Input) -> Plan {
         {
             // The status so far is the plan; this step's write comes once it is recorded. A
             // pause or an unpause then carries the labels (and the mark follows it).
-            if writes
-                .iter()
-                .any(|e| matches!(e, Effect::Pause | Effect::Unpause))
-            {
+            if writes.iter().any(|e| e.holds_or_lets_go()) {
                 previous.effects.clear();
             }
             return Plan {
