@@ -348,6 +348,8 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
 #[tokio::test]
 async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
     let c = support::cluster().await;
+    // No operator starts here to install config/default: the gate and the CRDs come from it.
+    c.install();
     let ns = support::TestNamespace::new(&c, "rgate-down").await;
     let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
         kube::Api::namespaced(c.client.clone(), &ns.name);
@@ -380,6 +382,35 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
     let rss: kube::Api<ReplicaSet> = kube::Api::namespaced(c.client.clone(), &ns.name);
     let rss = rss.list(&Default::default()).await.unwrap().items;
     assert!(rs_of_image(&rss, "web:2").is_none() && rs_of_image(&rss, "web:3").is_none());
+
+    // Mid hooks only: a Recreate Deployment is held (they run with no pod of either
+    // revision), a rolling update is not (its mid hook pauses it at its point).
+    for (name, strategy, held) in [("batch", "{type: Recreate}", true), ("api", ROLLING, false)] {
+        c.apply_yaml(
+            &ns.name,
+            &deployment_yaml(name, "web:1", 1, false, strategy),
+        );
+        c.apply_yaml(
+            &ns.name,
+            &format!(
+                "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {{name: {name}}}\nspec:\n  targetRef: {{name: {name}}}\n  mid: [{{name: schema, at: 1, container: {{from: app}}}}]\n"
+            ),
+        );
+        c.kubectl_ok(&[
+            "set",
+            "image",
+            &format!("deployment/{name}"),
+            "app=web:2",
+            "-n",
+            &ns.name,
+        ]);
+        let d = deployments.get(name).await.unwrap();
+        assert_eq!(
+            d.spec.as_ref().unwrap().paused == Some(true),
+            held,
+            "{name} ({strategy}): paused by the gate"
+        );
+    }
 }
 
 /// `kubectl rollout pause` while a revision rolls out is the user's: ballast leaves the
