@@ -262,7 +262,7 @@ impl Machine<'_> {
                 && (e.job_name.is_some() || self.i.jobs.iter().any(|j| j.name == self.job_name(e)))
         });
         // Held while a hook of the old revision is followed to its end, or as any new revision.
-        if !dep.paused && (running.is_some() || self.holds_new_revisions()) {
+        if !dep.paused && (running.is_some() || self.holds_new_revisions(dep)) {
             self.effect(Effect::Pause);
             return;
         }

@@ -509,12 +509,14 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Whether a new revision is held (paused) before its pods start: only for pre hooks, which
-    /// must run before the new ReplicaSet exists. The revision gate's rule is the same
-    /// (`has(params.spec.pre)` in config/admission/revision_gate.yaml); mid hooks pause at
-    /// their points and post hooks run once the revision is out.
-    fn holds_new_revisions(&self) -> bool {
-        !self.i.spec.pre.is_empty()
+    /// Whether a new revision is held (paused) before its pods start: for pre hooks, which
+    /// must run before the new ReplicaSet exists, and for a Recreate Deployment's mid hooks,
+    /// which run with no pod of either revision (unheld, the Deployment controller would start
+    /// the new pods as soon as the old ones are gone). The revision gate's rule is the same
+    /// (config/admission/revision_gate.yaml); a rolling update's mid hooks pause at their
+    /// points, and post hooks run once the revision is out.
+    fn holds_new_revisions(&self, dep: &DeploymentView) -> bool {
+        !self.i.spec.pre.is_empty() || (dep.recreate && !self.i.spec.mid.is_empty())
     }
 
     /// Whether this decision pauses or unpauses the Deployment (a write that also carries its

@@ -24,7 +24,7 @@ impl Machine<'_> {
     }
 
     pub(super) fn pre(&mut self, dep: &DeploymentView) {
-        if !dep.paused && self.holds_new_revisions() {
+        if !dep.paused && self.holds_new_revisions(dep) {
             self.effect(Effect::Pause);
             return;
         }

@@ -140,13 +140,13 @@ impl Machine<'_> {
             }
             return;
         }
-        if !dep.paused && self.holds_new_revisions() {
+        if !dep.paused && self.holds_new_revisions(dep) {
             if self.admission() {
                 self.event(
                     true,
                     "RevisionNotGated",
                     format!(
-                        "revision {} of Deployment {} was not paused by the revision gate (is config/admission installed, and was this strategy created before the change?): paused now; pods of it may have started before its pre hooks",
+                        "revision {} of Deployment {} was not paused by the revision gate (is config/admission installed, and was this strategy created before the change?): paused now; pods of it may have started before its hooks",
                         dep.revision, dep.name
                     ),
                 );

@@ -1923,6 +1923,41 @@ fn with_the_gate_a_revision_without_pre_hooks_is_never_paused_to_start() {
 }
 
 #[test]
+fn a_recreate_deployments_revision_is_held_for_its_mid_hooks_as_for_pre_hooks() {
+    // Recreate mid hooks run with no pod of either revision: unheld, the Deployment controller
+    // would start the new pods as soon as the old ones are gone (the gate's CEL pauses it too).
+    let s = spec("mid: [{name: schema, at: 1, container: {from: app}}]");
+    let mut recreate = dep(NEW, false);
+    recreate.recreate = true;
+    // Missed by the gate: paused at once, and said.
+    let d = Case::new(s.clone(), at_rest(OLD), recreate.clone())
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Pause]);
+    assert_eq!(reasons(&d), ["RevisionNotGated", "RolloutStarted"]);
+    // Unpaused in PreHook (a `kubectl rollout resume`): paused again, not rolled.
+    let d = Case::new(
+        s.clone(),
+        status(RolloutPhase::PreHook, vec![]),
+        recreate.clone(),
+    )
+    .decide();
+    assert_eq!(d.effects, [Effect::Pause]);
+    // Superseded while rolling: held too.
+    let mut newer = recreate;
+    newer.revision = "r3".into();
+    let d = Case::new(s.clone(), status(RolloutPhase::Rolling, vec![]), newer)
+        .admission()
+        .decide();
+    assert_eq!(d.effects, [Effect::Pause]);
+    // The same strategy on a rolling update is not held: its mid hook pauses at its point.
+    let d = Case::new(s, at_rest(OLD), dep(NEW, false))
+        .admission()
+        .decide();
+    assert!(d.effects.is_empty(), "{:?}", d.effects);
+}
+
+#[test]
 fn with_the_gate_post_hooks_run_unpaused_and_the_revision_ends_unpaused() {
     let done = vec![ok("migrate", HookPoint::Pre), ok("smoke", HookPoint::Mid)];
     let d = Case::new(
