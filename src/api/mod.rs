@@ -9,6 +9,7 @@ pub mod common;
 pub mod rollout_strategy;
 pub mod spread_distribution;
 pub mod spread_policy;
+pub mod webhook;
 
 pub use cluster_spread_policy::{
     ClusterSpreadPolicy, ClusterSpreadPolicySpec, ClusterSpreadPolicyStatus,

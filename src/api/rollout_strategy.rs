@@ -16,6 +16,7 @@ use super::common::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, conditions_schema, env_vars_schema,
     int_or_string_schema, preserve_unknown_object_schema, time_schema, unwrap_descriptions,
 };
+use super::webhook::WebhookHook;
 
 /// Annotation on a RolloutStrategy that opens an approval gate: `ballast.dev/approve=<revision>`.
 pub const APPROVE_ANNOTATION: &str = "ballast.dev/approve";
@@ -225,13 +226,18 @@ pub struct TargetRef {
     pub name: String,
 }
 
-/// One lifecycle hook: a Job built from the new revision's container, a full Job, or (mid only)
-/// a manual approval gate. Exactly one of `container`, `job` and `approval` is set.
+/// One lifecycle hook: a Job built from the new revision's container, a full Job, a call to an
+/// external engine, or (mid only) a manual approval gate. Exactly one of `container`, `job`,
+/// `webhook` and `approval` is set.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("(has(self.container) ? 1 : 0) + (has(self.job) ? 1 : 0) + (has(self.approval) ? 1 : 0) == 1")
-        .message("exactly one of container, job or approval must be set"),
+    validation = Rule::new("(has(self.container) ? 1 : 0) + (has(self.job) ? 1 : 0) + (has(self.webhook) ? 1 : 0) + (has(self.approval) ? 1 : 0) == 1")
+        .message("exactly one of container, job, webhook or approval must be set"),
+    validation = Rule::new("!has(self.serviceAccountName) || has(self.container) || has(self.job)")
+        .message("serviceAccountName is only for container and job hooks")
+        .field_path(".serviceAccountName")
+        .reason(Reason::FieldValueForbidden),
     validation = Rule::new("!has(self.retries) || self.retries == 0 || (has(self.failurePolicy) && self.failurePolicy == 'Retry')")
         .message("retries is only allowed when failurePolicy is Retry")
         .field_path(".retries")
@@ -272,6 +278,12 @@ pub struct Hook {
     #[schemars(schema_with = "job_spec_schema")]
     pub job: Option<serde_json::Value>,
 
+    /// Call an external engine over HTTP: a 2xx answer passes the hook, `202 Accepted` waits for
+    /// its decision (`ballast.dev/approve` or `ballast.dev/abort` for the revision, within
+    /// `timeoutSeconds`), anything else fails it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookHook>,
+
     /// Mid hooks only: a manual gate. The rollout waits, paused, until this RolloutStrategy is
     /// annotated `ballast.dev/approve=<revision>` (the revision in `status.currentRevision`),
     /// or, with `approval.timeoutSeconds`, until that deadline passes (then `onTimeout`).
@@ -293,20 +305,21 @@ pub struct Hook {
     pub retries: i32,
 
     /// Seconds a hook Job may run (from its pod starting) before it is failed, 1..604800 (7
-    /// days). Default 600.
+    /// days); for a webhook, how long it may wait for the engine's decision after a `202
+    /// Accepted`. Default 600.
     #[serde(default = "default_timeout_seconds")]
     #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub timeout_seconds: i32,
 
     /// Seconds a hook Job may stay unable to start (Pending, unschedulable, pulling or failing
     /// to pull its image, or refused by the API server) before it is failed, 1..604800 (7
-    /// days). Default 300.
+    /// days). Default 300. Not used by webhooks (see `webhook.requestTimeoutSeconds`).
     #[serde(default = "default_pending_timeout_seconds")]
     #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub pending_timeout_seconds: i32,
 
-    /// ServiceAccount the hook Job's pod runs as. Default: the namespace's `default`
-    /// ServiceAccount (not the Deployment's).
+    /// ServiceAccount the hook Job's pod runs as (container and job hooks only). Default: the
+    /// namespace's `default` ServiceAccount (not the Deployment's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), pattern(DNS_SUBDOMAIN_PATTERN))]
     pub service_account_name: Option<String>,
@@ -327,6 +340,8 @@ pub enum HookAction<'a> {
     Container(&'a ContainerHook),
     /// A Job with a user-written JobSpec.
     Job(&'a serde_json::Value),
+    /// A call to an external engine.
+    Webhook(&'a WebhookHook),
     /// A manual approval gate.
     Approval,
 }
@@ -334,10 +349,11 @@ pub enum HookAction<'a> {
 impl Hook {
     /// What this hook does; `None` only for a spec the API server would have rejected.
     pub fn action(&self) -> Option<HookAction<'_>> {
-        match (&self.container, &self.job, &self.approval) {
-            (Some(c), None, None) => Some(HookAction::Container(c)),
-            (None, Some(j), None) => Some(HookAction::Job(j)),
-            (None, None, Some(_)) => Some(HookAction::Approval),
+        match (&self.container, &self.job, &self.webhook, &self.approval) {
+            (Some(c), None, None, None) => Some(HookAction::Container(c)),
+            (None, Some(j), None, None) => Some(HookAction::Job(j)),
+            (None, None, Some(w), None) => Some(HookAction::Webhook(w)),
+            (None, None, None, Some(_)) => Some(HookAction::Approval),
             _ => None,
         }
     }
@@ -489,7 +505,8 @@ impl HookPoint {
     }
 }
 
-/// Phase of a rollout: `Idle`, `PreHook`, `Rolling`, `MidHook`, `WaitingApproval`, `PostHook`,
+/// Phase of a rollout: `Idle`, `PreHook`, `Rolling`, `MidHook`, `WaitingApproval`,
+/// `WaitingExternal` (a webhook hook answered `202 Accepted`: its engine decides), `PostHook`,
 /// `Succeeded`, `Failed` or `RolledBack`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum RolloutPhase {
@@ -499,6 +516,7 @@ pub enum RolloutPhase {
     Rolling,
     MidHook,
     WaitingApproval,
+    WaitingExternal,
     PostHook,
     Succeeded,
     Failed,
@@ -556,8 +574,8 @@ pub struct RolloutStrategyStatus {
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
 
-    /// Idle, PreHook, Rolling, MidHook, WaitingApproval, PostHook, Succeeded, Failed or
-    /// RolledBack.
+    /// Idle, PreHook, Rolling, MidHook, WaitingApproval, WaitingExternal, PostHook, Succeeded,
+    /// Failed or RolledBack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<RolloutPhase>,
 
@@ -679,10 +697,11 @@ pub struct HookStatus {
     /// Attempt number, from 1.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt: i32,
-    /// Name of the hook Job (none for an approval gate).
+    /// Name of the hook Job (none for an approval gate or a webhook).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    /// Pending, Running, Succeeded, Failed, Skipped or Waiting (an approval gate).
+    /// Pending, Running, Succeeded, Failed, Skipped or Waiting (an approval gate, or a webhook
+    /// whose engine answered `202 Accepted`).
     pub phase: HookPhase,
     /// Exit code of the hook container, once it terminated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -693,9 +712,17 @@ pub struct HookStatus {
     /// Human-readable details.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Last lines of the hook container's log, kept when the hook failed.
+    /// Last lines of the hook container's log, kept when the hook failed; for a webhook, the
+    /// first lines of the answer's body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_tail: Option<String>,
+    /// A webhook: the HTTP status of the engine's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<i32>,
+    /// A webhook: the `Idempotency-Key` of its call, recorded before the call is made. A call
+    /// made again (the operator restarted while it was under way) carries the same key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
     /// When the hook Job was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "time_schema")]
@@ -704,7 +731,8 @@ pub struct HookStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "time_schema")]
     pub finish_time: Option<Time>,
-    /// An approval gate with `timeoutSeconds`: when it stops waiting and `onTimeout` applies.
+    /// An approval gate with `timeoutSeconds`: when it stops waiting and `onTimeout` applies; a
+    /// webhook waiting for its engine's decision: when it fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "time_schema")]
     pub deadline: Option<Time>,
@@ -854,7 +882,10 @@ spec:
         for message in [
             "hook names must be unique across pre, mid and post",
             "targetRef is immutable",
-            "exactly one of container, job or approval must be set",
+            "exactly one of container, job, webhook or approval must be set",
+            "serviceAccountName is only for container and job hooks",
+            "exactly one of service or url must be set",
+            "url may not carry credentials",
             "approval is only allowed in mid hooks",
             "at is only allowed in mid hooks",
             "every mid hook needs at",

@@ -36,7 +36,7 @@ pub enum BuildError {
     NoSuchContainer(String),
     #[error("job is not a valid JobSpec: {0}")]
     InvalidJobSpec(String),
-    #[error("an approval gate runs no Job")]
+    #[error("an approval gate or a webhook runs no Job")]
     NotAJob,
 }
 
@@ -206,7 +206,9 @@ pub fn build_job(input: &JobInput) -> Result<Job, BuildError> {
             }
             spec
         }
-        Some(HookAction::Approval) | None => return Err(BuildError::NotAJob),
+        Some(HookAction::Approval | HookAction::Webhook(_)) | None => {
+            return Err(BuildError::NotAJob);
+        }
     };
     // Retries are new attempts with new Jobs, so one Job is one try (unless a `job:` hook says
     // otherwise).
@@ -278,7 +280,7 @@ pub fn validate(hook: &Hook, template: &PodTemplateSpec) -> Result<(), BuildErro
                 .map(|_| ())
                 .ok_or_else(|| BuildError::InvalidJobSpec("template.spec is missing".into()))
         }
-        Some(HookAction::Approval) | None => Err(BuildError::NotAJob),
+        Some(HookAction::Approval | HookAction::Webhook(_)) | None => Err(BuildError::NotAJob),
     }
 }
 

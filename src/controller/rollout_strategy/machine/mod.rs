@@ -239,6 +239,7 @@ pub fn phase_name(p: RolloutPhase) -> &'static str {
         RolloutPhase::Rolling => "Rolling",
         RolloutPhase::MidHook => "MidHook",
         RolloutPhase::WaitingApproval => "WaitingApproval",
+        RolloutPhase::WaitingExternal => "WaitingExternal",
         RolloutPhase::PostHook => "PostHook",
         RolloutPhase::Succeeded => "Succeeded",
         RolloutPhase::Failed => "Failed",
@@ -254,6 +255,7 @@ pub fn in_progress(p: RolloutPhase) -> bool {
             | RolloutPhase::Rolling
             | RolloutPhase::MidHook
             | RolloutPhase::WaitingApproval
+            | RolloutPhase::WaitingExternal
             | RolloutPhase::PostHook
     )
 }
