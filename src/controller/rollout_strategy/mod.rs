@@ -27,6 +27,7 @@ pub mod machine;
 pub mod observe;
 pub mod revision;
 pub mod status;
+pub mod webhook;
 pub mod write;
 
 use super::{
