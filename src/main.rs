@@ -76,6 +76,11 @@ struct Args {
     /// Name of the revision gate's MutatingAdmissionPolicy and binding (`auto` checks them).
     #[arg(long, default_value = rollout_strategy::gate::DEFAULT_POLICY_NAME)]
     gate_policy_name: String,
+    /// Hosts (names or IP addresses, comma-separated, exact, no wildcard) that RolloutStrategy
+    /// webhook hooks with `url:` may call. Default: none (only Services of the strategy's
+    /// namespace are called).
+    #[arg(long, env = "BALLAST_WEBHOOK_ALLOWED_HOSTS", value_delimiter = ',')]
+    webhook_allowed_hosts: Vec<String>,
 }
 
 #[tokio::main]
@@ -199,6 +204,9 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         namespace: args.watch_namespace,
         health: health.clone(),
+        webhook_allowed_hosts: rollout_strategy::webhook::AllowedHosts::new(
+            &args.webhook_allowed_hosts,
+        ),
     };
     tracing::info!(namespace = ?ctx.namespace, "starting controllers");
     let exit_after = stale_after + stale_after / 4;

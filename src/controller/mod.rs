@@ -42,6 +42,8 @@ pub struct Context {
     pub namespace: Option<String>,
     /// Where every watch reports whether it keeps failing (for `/healthz`).
     pub health: Health,
+    /// Hosts a RolloutStrategy webhook hook's `url:` may call (`--webhook-allowed-hosts`).
+    pub webhook_allowed_hosts: rollout_strategy::webhook::AllowedHosts,
 }
 
 impl Context {

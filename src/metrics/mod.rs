@@ -57,12 +57,13 @@ pub struct ObjectLabels {
 }
 
 /// Every RolloutStrategy phase, as `ballast_rollout_strategy_phase` labels them.
-pub const ROLLOUT_PHASES: [&str; 9] = [
+pub const ROLLOUT_PHASES: [&str; 10] = [
     "Idle",
     "PreHook",
     "Rolling",
     "MidHook",
     "WaitingApproval",
+    "WaitingExternal",
     "PostHook",
     "Succeeded",
     "Failed",
@@ -314,7 +315,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(&format!("{} 0\n", line("PreHook"))), "{text}");
-        assert_eq!(text.matches("ballast_rollout_strategy_phase{").count(), 9);
+        assert_eq!(
+            text.matches("ballast_rollout_strategy_phase{").count(),
+            ROLLOUT_PHASES.len()
+        );
         m.set_rollout_phase("shop", "web", None);
         assert!(!m.render().contains("ballast_rollout_strategy_phase{"));
         m.set_spread_infeasible("shop", "web-ha", Some(2));

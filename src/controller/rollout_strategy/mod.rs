@@ -93,6 +93,8 @@ pub struct State {
     turns: Turns,
     /// Whether the strategies' cache and [`observe::Caches`] are filled.
     ready: super::CachesReady,
+    /// Webhook hooks' calls ([`webhook`]).
+    calls: write::Calls,
 }
 
 type Strategies = Store<Lenient<RolloutStrategy>>;
@@ -212,6 +214,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         controller: ROLLOUT_STRATEGY_MANAGER.into(),
         instance: None,
     };
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let state = Arc::new(State {
         recorder: super::events::Publisher::new(ctx.client.clone(), reporter),
         shutdown: shutdown.clone(),
@@ -229,6 +232,15 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         pace: status::Pace::default(),
         turns: Turns::new(WRITING_AT_ONCE),
         ready,
+        calls: write::Calls {
+            caller: webhook::Caller::default(),
+            allowed: ctx.webhook_allowed_hosts.clone(),
+            wake,
+        },
+    });
+    // An answered webhook call wakes its strategy.
+    let answered = futures::stream::unfold(woken, |mut rx| async move {
+        rx.recv().await.map(|obj| (obj, rx))
     });
     // The gate in force, as a metric; a change of it is every strategy's business.
     ctx.metrics
@@ -241,6 +253,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     };
     controller
         .reconcile_all_on(changes)
+        .reconcile_on(answered)
         .owns_stream(jobs)
         .watches_stream(deployments, move |d: cache::CachedDeployment| {
             strategies_for(&s1, d.namespace(), &d.name_any())
@@ -446,6 +459,17 @@ fn plan(
         &strategy.spec.target_ref.name,
         &seniority(&strategy.metadata),
     );
+    let webhooks = machine::Webhooks {
+        namespace: ns.clone(),
+        uid: strategy.uid().unwrap_or_default(),
+        allowed: st.calls.allowed.clone(),
+        calls: status
+            .hooks
+            .iter()
+            .filter_map(|h| h.idempotency_key.as_ref())
+            .map(|k| (k.clone(), st.calls.caller.state(k)))
+            .collect(),
+    };
     machine::plan(&Input {
         name: &strategy.name_any(),
         generation: strategy.metadata.generation,
@@ -462,6 +486,7 @@ fn plan(
         rejected,
         gate: st.gates.current().gate,
         target_marked: strategy.labels().contains_key(gate::TARGET_GOVERNED_LABEL),
+        webhooks: &webhooks,
     })
 }
 
@@ -638,6 +663,7 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
                 strategy: &strategy,
                 observed: &observed,
                 decision: &decision,
+                calls: &st.calls,
             };
             let mut wrote_strategy_rv = None;
             for effect in &decision.effects {
@@ -675,6 +701,7 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
                 let written = status::write(&api, name, rv.as_deref(), &decision.status).await?;
                 st.expect.wrote(own.clone(), written.as_deref());
                 st.pace.wrote(&format!("{ns}/{name}"));
+                forget_recorded_calls(&st.calls.caller, &old, &decision.status);
                 written
             };
             if old.phase != decision.status.phase {
@@ -709,6 +736,29 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
         status::publish(&st.recorder, &strategy, observed.deployment.as_ref(), &told).await;
     }
     result
+}
+
+/// Drops the answers of webhook calls that `new` (written) no longer waits for: their outcome
+/// is in status now, and a later decision reads it there.
+fn forget_recorded_calls(
+    caller: &webhook::Caller,
+    old: &crate::api::RolloutStrategyStatus,
+    new: &crate::api::RolloutStrategyStatus,
+) {
+    for key in old
+        .hooks
+        .iter()
+        .filter(|h| h.phase == HookPhase::Running)
+        .filter_map(|h| h.idempotency_key.as_ref())
+    {
+        let still_running = new
+            .hooks
+            .iter()
+            .any(|h| h.idempotency_key.as_ref() == Some(key) && h.phase == HookPhase::Running);
+        if !still_running {
+            caller.forget(key);
+        }
+    }
 }
 
 /// What the bookkeeping effects of a round changed, for the next round's views (the caches show

@@ -228,6 +228,89 @@ pub fn classify(status: u16, body: &[u8]) -> Answer {
     }
 }
 
+/// Container images of a pod template (as JSON), by container name.
+pub fn images(template: &serde_json::Value) -> BTreeMap<String, String> {
+    template
+        .pointer("/spec/containers")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some((
+                c.get("name")?.as_str()?.to_string(),
+                c.get("image")?.as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// What one call of a hook is made from.
+pub struct CallInput<'a> {
+    pub hook: &'a WebhookHook,
+    pub allowed: &'a AllowedHosts,
+    pub strategy: &'a str,
+    pub namespace: &'a str,
+    pub strategy_uid: &'a str,
+    pub deployment: &'a str,
+    pub hook_name: &'a str,
+    pub point: &'static str,
+    pub from_revision: Option<&'a str>,
+    pub to_revision: &'a str,
+    pub attempt: i32,
+    pub key: &'a str,
+    /// The pod templates (as JSON) of the stable revision and of the new one.
+    pub from_template: Option<&'a serde_json::Value>,
+    pub to_template: &'a serde_json::Value,
+}
+
+/// The call of one attempt of a hook: where it goes, its headers and its body.
+pub fn build_call(i: &CallInput) -> Result<Call, Failure> {
+    let uri = target(i.hook, i.namespace, i.allowed)?;
+    Ok(Call {
+        uri,
+        headers: i
+            .hook
+            .headers
+            .iter()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect(),
+        ca_bundle: i.hook.ca_bundle.clone(),
+        timeout: Duration::from_secs(
+            u64::try_from(i.hook.request_timeout_seconds.max(1)).unwrap_or(10),
+        ),
+        payload: Payload {
+            strategy: i.strategy.to_string(),
+            namespace: i.namespace.to_string(),
+            deployment: i.deployment.to_string(),
+            hook: i.hook_name.to_string(),
+            point: i.point,
+            from_revision: i.from_revision.map(str::to_string),
+            to_revision: i.to_revision.to_string(),
+            attempt: i.attempt,
+            images: Images {
+                from: i.from_template.map(images).unwrap_or_default(),
+                to: images(i.to_template),
+            },
+            idempotency_key: i.key.to_string(),
+            callback: Callback {
+                api_version: "ballast.dev/v1alpha1".into(),
+                kind: "RolloutStrategy".into(),
+                namespace: i.namespace.to_string(),
+                name: i.strategy.to_string(),
+                uid: i.strategy_uid.to_string(),
+                approve: Annotation {
+                    key: crate::api::rollout_strategy::APPROVE_ANNOTATION.into(),
+                    value: i.to_revision.to_string(),
+                },
+                abort: Annotation {
+                    key: crate::api::rollout_strategy::ABORT_ANNOTATION.into(),
+                    value: i.to_revision.to_string(),
+                },
+            },
+        },
+    })
+}
+
 /// One call to make.
 #[derive(Clone, Debug)]
 pub struct Call {
@@ -362,9 +445,14 @@ impl Caller {
         }
     }
 
-    /// Starts `call` unless one with its key is under way or answered; `wake` gets the key when
-    /// the answer is in. Returns whether a call was started.
-    pub fn start(&self, req: Call, wake: mpsc::UnboundedSender<String>) -> bool {
+    /// Starts `call` unless one with its key is under way or answered; `wake` gets `token`
+    /// when the answer is in. Returns whether a call was started.
+    pub fn start<T: Send + 'static>(
+        &self,
+        req: Call,
+        wake: mpsc::UnboundedSender<T>,
+        token: T,
+    ) -> bool {
         let key = req.payload.idempotency_key.clone();
         {
             let mut calls = self.calls.lock().expect("webhook calls");
@@ -376,11 +464,15 @@ impl Caller {
         let calls = self.calls.clone();
         tokio::spawn(async move {
             let answer = call(&req).await;
-            calls
-                .lock()
-                .expect("webhook calls")
-                .insert(key.clone(), Some(answer));
-            let _ = wake.send(key);
+            {
+                let mut calls = calls.lock().expect("webhook calls");
+                // Forgotten meanwhile (its hook ended otherwise, say aborted): nobody asks.
+                match calls.get_mut(&key) {
+                    Some(slot) => *slot = Some(answer),
+                    None => return,
+                }
+            }
+            let _ = wake.send(token);
         });
         true
     }

@@ -14,10 +14,13 @@ use super::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
 use super::hooks;
 use super::machine::{Decision, Effect, PHASE_LABEL, STRATEGY_ANNOTATION};
 use super::observe::Observed;
+use super::webhook;
 use crate::api::RolloutStrategy;
+use crate::k8s::lenient::Lenient;
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
+use kube::runtime::reflector::ObjectRef;
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -344,6 +347,16 @@ pub struct Act<'a> {
     pub strategy: &'a RolloutStrategy,
     pub observed: &'a Observed,
     pub decision: &'a Decision,
+    /// Where webhook calls are made.
+    pub calls: &'a Calls,
+}
+
+/// Webhook calls: the caller (one call per key in this process), the hosts `url:` may name,
+/// and the channel whose message wakes a strategy when its call is answered.
+pub struct Calls {
+    pub caller: webhook::Caller,
+    pub allowed: webhook::AllowedHosts,
+    pub wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Lenient<RolloutStrategy>>>,
 }
 
 /// Performs one effect of a decision: the one place that maps an [`Effect`] to a write. Each
@@ -434,6 +447,61 @@ pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Err
                 },
             );
             tracing::info!(strategy = %name, namespace = %ns, job = %job_name, created = created.is_some(), "hook Job");
+            return Ok(None);
+        }
+        Effect::StartCall {
+            point,
+            hook,
+            revision,
+            attempt,
+            key,
+        } => {
+            let Some(dep) = a
+                .observed
+                .deployment
+                .as_ref()
+                .filter(|d| &d.revision == revision)
+            else {
+                return Err(Error::Conflict);
+            };
+            let Some(w) = strategy
+                .spec
+                .hooks()
+                .find(|(_, h)| &h.name == hook)
+                .and_then(|(_, h)| h.webhook.as_ref())
+            else {
+                return Err(Error::BuildJob(format!(
+                    "hook {hook} is not a webhook of the spec"
+                )));
+            };
+            let uid = strategy.uid().unwrap_or_default();
+            // The machine checked the target before asking; a refusal here is a race with a
+            // spec change, decided again on the next round.
+            let call = webhook::build_call(&webhook::CallInput {
+                hook: w,
+                allowed: &a.calls.allowed,
+                strategy: &name,
+                namespace: &ns,
+                strategy_uid: &uid,
+                deployment: target,
+                hook_name: hook,
+                point: point.as_str(),
+                from_revision: a.decision.status.stable_revision.as_deref(),
+                to_revision: revision,
+                attempt: *attempt,
+                key,
+                from_template: a.decision.status.stable_template.as_ref(),
+                to_template: &dep.template_json,
+            })
+            .map_err(|f| Error::BuildJob(f.message))?;
+            let me = ObjectRef::new(&name).within(&ns);
+            let started = a.calls.caller.start(call, a.calls.wake.clone(), me);
+            a.metrics.count_write(
+                CONTROLLER,
+                "Webhook",
+                if started { "called" } else { "in-flight" },
+            );
+            tracing::info!(strategy = %name, namespace = %ns, hook, key, started, "webhook call");
             return Ok(None);
         }
         Effect::DeleteJob(job) => {

@@ -9,6 +9,7 @@
 //! cluster (a Job exists, the Deployment is paused, the template is the stable one).
 
 use super::observe::{DeploymentView, HookPod, JobView};
+use super::webhook::{AllowedHosts, CallState};
 use crate::api::rollout_strategy::{ABORT_ANNOTATION, APPROVE_ANNOTATION, RETRY_ANNOTATION};
 use crate::api::{Gate, HookPoint, RolloutPhase, RolloutStrategySpec, RolloutStrategyStatus};
 use crate::k8s::conditions::{Status, set_condition};
@@ -26,6 +27,9 @@ pub const APPROVED: &str = "Approved";
 /// Reason of an approval gate whose `timeoutSeconds` passed: with `onTimeout: Approve` it is
 /// opened, with `Abort` it fails the revision.
 pub const APPROVAL_TIMEOUT: &str = "ApprovalTimeout";
+/// Reason of a webhook hook whose engine answered `202 Accepted` and did not decide within the
+/// hook's `timeoutSeconds` (from the hook's start).
+pub const WEBHOOK_DECISION_TIMEOUT: &str = "WebhookDecisionTimeout";
 
 /// Reason of the Event that a revision's sequence started.
 pub const ROLLOUT_STARTED: &str = "RolloutStarted";
@@ -57,6 +61,16 @@ pub enum Effect {
     },
     /// Delete a hook Job (and its pods).
     DeleteJob(String),
+    /// Make the call of one attempt of a webhook hook for `revision`, off the reconcile path
+    /// (its entry, Running with `key`, is recorded first). The caller makes at most one call
+    /// per key in a process; the answer wakes the strategy.
+    StartCall {
+        point: HookPoint,
+        hook: String,
+        revision: String,
+        attempt: i32,
+        key: String,
+    },
     /// Remove an annotation of the strategy once acted on.
     RemoveAnnotation(&'static str),
     /// Say on the Deployment which strategy governs it and the phase it is in
@@ -105,6 +119,7 @@ impl Effect {
             Effect::RestoreTemplate => "restoring the stable pod template".into(),
             Effect::CreateJob { hook, .. } => format!("creating the Job of hook {hook}"),
             Effect::DeleteJob(j) => format!("deleting Job {j}"),
+            Effect::StartCall { hook, .. } => format!("calling the webhook of hook {hook}"),
             Effect::RemoveAnnotation(a) => format!("removing annotation {a}"),
             Effect::Annotate(p) => {
                 format!("annotating the Deployment with phase {}", phase_name(*p))
@@ -216,6 +231,26 @@ pub struct Input<'a> {
     pub gate: Gate,
     /// The strategy carries [`TARGET_GOVERNED_LABEL`].
     pub target_marked: bool,
+    /// What webhook hooks are decided on.
+    pub webhooks: &'a Webhooks,
+}
+
+/// What the machine knows of webhook hooks: the strategy's namespace and UID (a call's target
+/// and key), the hosts `url:` may name, and the calls of this process by key.
+#[derive(Clone, Debug, Default)]
+pub struct Webhooks {
+    pub namespace: String,
+    pub uid: String,
+    pub allowed: AllowedHosts,
+    /// Calls this process made or makes, by idempotency key; a key absent is
+    /// [`CallState::Unknown`].
+    pub calls: std::collections::BTreeMap<String, CallState>,
+}
+
+impl Webhooks {
+    fn call(&self, key: &str) -> CallState {
+        self.calls.get(key).cloned().unwrap_or(CallState::Unknown)
+    }
 }
 
 /// How a revision's sequence starts.
@@ -563,6 +598,7 @@ impl<'a> Machine<'a> {
 }
 
 mod adopt;
+mod call;
 mod plan;
 mod progress;
 mod rest;

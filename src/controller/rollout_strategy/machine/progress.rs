@@ -19,8 +19,31 @@ impl Machine<'_> {
             RolloutPhase::PreHook => self.pre(dep),
             RolloutPhase::Rolling => self.rolling(dep),
             RolloutPhase::MidHook | RolloutPhase::WaitingApproval => self.mid(dep),
+            // A webhook's engine decides: at the point of that hook.
+            RolloutPhase::WaitingExternal => match self.waiting_point() {
+                Some(HookPoint::Pre) => self.pre(dep),
+                Some(HookPoint::Mid) => self.mid(dep),
+                _ => self.post(dep),
+            },
             _ => self.post(dep),
         }
+    }
+
+    /// The point of the hook the revision waits on (phase `WaitingExternal`).
+    fn waiting_point(&self) -> Option<HookPoint> {
+        let cur = self.current();
+        self.st
+            .hooks
+            .iter()
+            .filter(|e| e.revision == cur)
+            .find(|e| e.phase == HookPhase::Waiting)
+            .or_else(|| {
+                self.st
+                    .hooks
+                    .iter()
+                    .find(|e| Some(&e.name) == self.st.current_hook.as_ref())
+            })
+            .map(|e| e.point)
     }
 
     pub(super) fn pre(&mut self, dep: &DeploymentView) {

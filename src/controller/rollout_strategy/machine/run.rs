@@ -87,8 +87,15 @@ impl Machine<'_> {
             point,
             revision: rev.to_string(),
             attempt,
+            // A webhook's key is recorded with its entry, before its call is asked for.
+            idempotency_key: hook
+                .webhook
+                .is_some()
+                .then(|| self.call_key(&hook.name, rev, attempt)),
             phase: if hook.approval.is_some() {
                 HookPhase::Waiting
+            } else if hook.webhook.is_some() {
+                HookPhase::Running
             } else {
                 HookPhase::Pending
             },
@@ -165,6 +172,10 @@ impl Machine<'_> {
                 self.fail(msg);
                 Run::Failed
             }
+            HookPhase::Waiting if hook.webhook.is_some() => {
+                self.st.current_hook = Some(hook.name.clone());
+                self.wait_external(idx, point, hook)
+            }
             HookPhase::Waiting => {
                 self.st.current_hook = Some(hook.name.clone());
                 let gate = hook.approval.clone().unwrap_or_default();
@@ -222,6 +233,10 @@ impl Machine<'_> {
                 ));
                 self.set_phase(RolloutPhase::WaitingApproval);
                 Run::Waiting
+            }
+            HookPhase::Pending | HookPhase::Running if hook.webhook.is_some() => {
+                self.st.current_hook = Some(hook.name.clone());
+                self.track_call(idx, point, hook, dep)
             }
             HookPhase::Pending | HookPhase::Running => {
                 self.st.current_hook = Some(hook.name.clone());

@@ -187,6 +187,7 @@ struct Case<'a> {
     now: i64,
     gate: Gate,
     target_marked: bool,
+    webhooks: Webhooks,
 }
 
 impl<'a> Case<'a> {
@@ -205,6 +206,11 @@ impl<'a> Case<'a> {
             now: 20,
             gate: Gate::PauseAtRest,
             target_marked: false,
+            webhooks: Webhooks {
+                namespace: "shop".into(),
+                uid: "uid-1".into(),
+                ..Default::default()
+            },
         }
     }
 
@@ -254,6 +260,7 @@ impl<'a> Case<'a> {
             rejected: self.rejected.as_ref(),
             gate: self.gate,
             target_marked: self.target_marked,
+            webhooks: &self.webhooks,
         }
     }
 }
@@ -2226,3 +2233,4 @@ fn kstatus_conditions_follow_the_phase() {
 }
 
 mod plan;
+mod webhook;

@@ -294,9 +294,9 @@ async fn the_caller_makes_one_call_per_key_and_wakes_the_strategy_with_its_answe
     let req = to(port, "http", Duration::from_secs(5), None);
     let key = req.payload.idempotency_key.clone();
     assert_eq!(caller.state(&key), CallState::Unknown);
-    assert!(caller.start(req.clone(), wake.clone()));
+    assert!(caller.start(req.clone(), wake.clone(), key.clone()));
     assert!(
-        !caller.start(req.clone(), wake.clone()),
+        !caller.start(req.clone(), wake.clone(), key.clone()),
         "a second start of one key"
     );
     assert_eq!(caller.state(&key), CallState::InFlight);
@@ -306,7 +306,7 @@ async fn the_caller_makes_one_call_per_key_and_wakes_the_strategy_with_its_answe
         CallState::Answered(Answer::Passed { status: 200 })
     );
     assert!(
-        !caller.start(req, wake),
+        !caller.start(req, wake, key.clone()),
         "an answered key is not called again"
     );
     assert_eq!(count.load(Ordering::SeqCst), 1);

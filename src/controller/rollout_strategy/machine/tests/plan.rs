@@ -5,7 +5,7 @@ use super::*;
 
 impl Case<'_> {
     /// The plan, without the labels and marks (tested on their own).
-    fn plan(&self) -> Plan {
+    pub(super) fn plan(&self) -> Plan {
         let mut p = self.plan_all();
         p.decision
             .effects
@@ -54,6 +54,7 @@ fn rounds(c: &Case) -> Vec<Plan> {
             jobs: c.jobs.clone(),
             live_pods: c.live_pods.clone(),
             rejected: c.rejected.clone(),
+            webhooks: c.webhooks.clone(),
             ..*c
         }
         .plan();
