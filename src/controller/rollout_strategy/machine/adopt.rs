@@ -259,7 +259,9 @@ impl Machine<'_> {
     pub(super) fn superseded(&mut self, dep: &DeploymentView) {
         let running = self.st.hooks.iter().position(|e| {
             Self::is_open(e)
-                && (e.job_name.is_some() || self.i.jobs.iter().any(|j| j.name == self.job_name(e)))
+                && (e.job_name.is_some()
+                    || self.i.jobs.iter().any(|j| j.name == self.job_name(e))
+                    || self.call_under_way(e))
         });
         // Held while a hook of the old revision is followed to its end, or as any new revision.
         if !dep.paused && (running.is_some() || self.holds_new_revisions(dep)) {
@@ -270,7 +272,11 @@ impl Machine<'_> {
             let name = self.st.hooks[idx].name.clone();
             if let Some((point, hook)) = self.i.spec.hooks().find(|(_, h)| h.name == name) {
                 let hook = hook.clone();
-                self.track(idx, point, &hook, None);
+                if hook.webhook.is_some() {
+                    self.track_call(idx, point, &hook, dep);
+                } else {
+                    self.track(idx, point, &hook, None);
+                }
                 return;
             }
         }

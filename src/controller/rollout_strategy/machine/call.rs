@@ -12,7 +12,7 @@ use super::super::observe::DeploymentView;
 use super::super::webhook::{self, Answer, CallState};
 use super::{APPROVED, Effect, HookResult, Machine, Run, WEBHOOK_DECISION_TIMEOUT, point_phase};
 use crate::api::rollout_strategy::{ABORT_ANNOTATION, APPROVE_ANNOTATION};
-use crate::api::{Hook, HookPhase, HookPoint, RolloutPhase};
+use crate::api::{Hook, HookPhase, HookPoint, HookStatus, RolloutPhase};
 use jiff::SignedDuration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -20,6 +20,22 @@ impl Machine<'_> {
     /// The idempotency key of attempt `attempt` of `hook` for `rev`.
     pub(super) fn call_key(&self, hook: &str, rev: &str, attempt: i32) -> String {
         webhook::idempotency_key(&self.i.webhooks.uid, hook, rev, attempt)
+    }
+
+    /// Whether this process has made the call of a Running webhook entry and has not recorded
+    /// its answer yet. A superseded revision's call is followed to its end, as its Job would
+    /// be: the engine may be migrating for it. A call this process does not know (made before
+    /// a restart) is not sent again for a revision that is no longer wanted, and a `202`
+    /// decision still pending is dropped with its revision.
+    pub(super) fn call_under_way(&self, e: &HookStatus) -> bool {
+        e.phase == HookPhase::Running
+            && e.idempotency_key.as_ref().is_some_and(|k| {
+                matches!(
+                    self.i.webhooks.call(k),
+                    CallState::InFlight
+                        | CallState::Answered(Answer::Passed { .. } | Answer::Failed(_))
+                )
+            })
     }
 
     /// Follows the call of an open webhook entry (Pending or Running).

@@ -297,3 +297,60 @@ fn a_202_without_a_decision_fails_at_timeout_seconds_from_the_start() {
     );
     assert_eq!(phase(&d), RolloutPhase::Failed);
 }
+
+// ---- a new revision while a call is under way ----
+
+#[test]
+fn a_template_change_lets_the_call_under_way_finish_and_records_its_answer() {
+    let st = started(&allowing(Case::new(
+        url_pre(60),
+        status(RolloutPhase::PreHook, vec![]),
+        dep(NEW, true),
+    )));
+    // In flight: followed, the newer revision held and not started.
+    let mut c = allowing(Case::new(url_pre(60), st.clone(), dep(NEWER, true)));
+    c.webhooks.calls.insert(key(1), CallState::InFlight);
+    let d = c.decide();
+    assert!(d.effects.is_empty(), "no second call: {d:?}");
+    assert_eq!(d.status.current_revision.as_deref(), Some(NEW));
+    assert_eq!(hook(&d, "notify").phase, HookPhase::Running);
+    // Unpaused behind our back meanwhile: paused again until the call ends.
+    let mut c = allowing(Case::new(url_pre(60), st.clone(), dep(NEWER, false)));
+    c.webhooks.calls.insert(key(1), CallState::InFlight);
+    assert_eq!(c.decide().effects, [Effect::Pause]);
+    // Answered: the answer is recorded for the old revision, then the newer one starts.
+    let d = answered(
+        allowing(Case::new(url_pre(60), st, dep(NEWER, true))),
+        1,
+        Answer::Passed { status: 200 },
+    )
+    .decide();
+    let h = hook(&d, "notify");
+    assert_eq!(
+        (h.phase, h.http_status, h.revision.as_str()),
+        (HookPhase::Succeeded, Some(200), NEW)
+    );
+    let d = allowing(Case::new(url_pre(60), d.status, dep(NEWER, true))).decide();
+    assert_eq!(d.status.current_revision.as_deref(), Some(NEWER));
+    assert_eq!(phase(&d), RolloutPhase::PreHook);
+}
+
+#[test]
+fn a_template_change_drops_a_call_made_before_a_restart_and_a_pending_decision() {
+    let st = started(&allowing(Case::new(
+        url_pre(60),
+        status(RolloutPhase::PreHook, vec![]),
+        dep(NEW, true),
+    )));
+    // This process never made the call: it is not sent again for the old revision.
+    let d = allowing(Case::new(url_pre(60), st, dep(NEWER, true))).decide();
+    assert!(
+        !d.effects.contains(&start_call(1)),
+        "no call for the old revision: {d:?}"
+    );
+    assert_eq!(d.status.current_revision.as_deref(), Some(NEWER));
+    // A 202 waiting for the engine: the decision goes with its revision.
+    let d = allowing(Case::new(url_pre(60), accepted(60), dep(NEWER, true))).decide();
+    assert_eq!(d.status.current_revision.as_deref(), Some(NEWER));
+    assert_eq!(phase(&d), RolloutPhase::PreHook);
+}
