@@ -34,6 +34,11 @@ pub enum Error {
     },
     #[error("building hook Job: {0}")]
     BuildJob(String),
+    /// A webhook call the machine asked for could not be built: the spec changed between the
+    /// decision and the write (the hook removed, its URL no longer allowed). Decided again on
+    /// the next round, from the new spec.
+    #[error("building the webhook call: {0}")]
+    BuildCall(String),
     #[error("deleting hook Job {job}: {source}")]
     DeleteJob {
         job: String,
@@ -61,6 +66,7 @@ impl Error {
             Error::Refused { .. } => "WriteRejected",
             Error::CreateJob { .. } => "JobCreateFailed",
             Error::BuildJob(_) => "JobBuildFailed",
+            Error::BuildCall(_) => "WebhookCallBuildFailed",
             Error::DeleteJob { .. } => "JobDeleteFailed",
             Error::Annotation(_) => "AnnotationUpdateFailed",
             Error::Status(_) => "StatusUpdateFailed",

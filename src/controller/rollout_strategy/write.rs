@@ -470,7 +470,7 @@ pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Err
                 .find(|(_, h)| &h.name == hook)
                 .and_then(|(_, h)| h.webhook.as_ref())
             else {
-                return Err(Error::BuildJob(format!(
+                return Err(Error::BuildCall(format!(
                     "hook {hook} is not a webhook of the spec"
                 )));
             };
@@ -493,7 +493,7 @@ pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Err
                 from_template: a.decision.status.stable_template.as_ref(),
                 to_template: &dep.template_json,
             })
-            .map_err(|f| Error::BuildJob(f.message))?;
+            .map_err(|f| Error::BuildCall(f.message))?;
             let me = ObjectRef::new(&name).within(&ns);
             let started = a.calls.caller.start(call, a.calls.wake.clone(), me);
             a.metrics.count_write(
