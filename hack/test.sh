@@ -55,9 +55,9 @@ rm -rf target/fault-results
 cargo test --no-fail-fast --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own \
   --skip installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own "$@"
 if [ $# -eq 0 ]; then
-  # The RolloutStrategy tests ran with the revision gate (admission, the default); once more
+  # The RolloutStrategy and webhook hook tests ran with the revision gate (admission, the default); once more
   # in the fallback mode, where governed Deployments are kept paused at rest.
-  BALLAST_TEST_GATE=pause-at-rest cargo test --test rollout_strategy
+  BALLAST_TEST_GATE=pause-at-rest cargo test --test rollout_strategy --test rollout_webhook
   # The SpreadPolicy fan-out benchmark's harness, small (N = 200, this debug build; only its
   # counts of writes and requests are judged), so that `make bench-cluster` cannot rot.
   BALLAST_BENCH_SMOKE=1 PATH="$STATE/bin:$PATH" cargo test --bench cluster_spread
