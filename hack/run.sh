@@ -63,8 +63,24 @@ cat <<MSG
     kubectl get rolloutstrategies -n $NS -w        # then change an image, e.g.:
     kubectl set image deployment/shop app=registry.example/shop/web:1.1 -n $NS
     kubectl rollout restart deployment/shop -n $NS  # a revision too: its hooks run
+    kubectl set image deployment/payments app=registry.example/payments:2.1 -n $NS  # an engine decides
 
   Starting the operator (Ctrl-C to stop; 'make cluster-down' removes the cluster).
 
 MSG
-exec target/debug/ballast --kubeconfig "$OPERATOR_KUBECONFIG" --http-addr "${BALLAST_HTTP_ADDR:-127.0.0.1:8080}"
+# The stand-in engine of examples/rollout-webhook.yaml (docs/external-engines.md), on loopback:
+# it decides with kubectl as the cluster admin, as a pipeline would with its own credentials.
+ENGINE_PID=""
+if command -v python3 >/dev/null; then
+  mkdir -p "$STATE/logs"
+  PATH="$STATE/bin:$PATH" python3 examples/external-engine/engine.py --port 8099 \
+    >"$STATE/logs/example-engine.log" 2>&1 &
+  ENGINE_PID=$!
+  echo "  The example engine listens on 127.0.0.1:8099 (log: $STATE/logs/example-engine.log)."
+else
+  echo "  python3 not found: the example engine of examples/rollout-webhook.yaml is not started." >&2
+fi
+trap '[ -n "$ENGINE_PID" ] && kill "$ENGINE_PID" 2>/dev/null; true' EXIT
+# 127.0.0.1 is allowed for the example's url: hooks (by default no host is).
+target/debug/ballast --kubeconfig "$OPERATOR_KUBECONFIG" --http-addr "${BALLAST_HTTP_ADDR:-127.0.0.1:8080}" \
+  --webhook-allowed-hosts=127.0.0.1

@@ -4,6 +4,7 @@
 
 mod support;
 
+use serde::Deserialize;
 use std::{
     path::Path,
     sync::{
@@ -136,6 +137,33 @@ async fn every_invalid_fixture_is_rejected_by_the_api_server_naming_the_field() 
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `make run` applies every example into one namespace: two files that declare the same object
+/// would fight over it, and each apply would start a revision of the other's template.
+#[test]
+fn no_two_examples_declare_the_same_object() {
+    let mut seen = std::collections::BTreeMap::new();
+    let mut clashes = Vec::new();
+    for entry in std::fs::read_dir(repo_root().join("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = serde_json::Value::deserialize(doc).expect("example YAML");
+            let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str())
+            else {
+                continue;
+            };
+            let file = path.file_name().unwrap().to_string_lossy().into_owned();
+            if let Some(other) = seen.insert(format!("{kind}/{name}"), file.clone()) {
+                clashes.push(format!("{kind}/{name}: {other} and {file}"));
+            }
+        }
+    }
+    assert!(clashes.is_empty(), "{clashes:#?}");
 }
 
 #[tokio::test]
