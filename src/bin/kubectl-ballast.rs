@@ -396,7 +396,12 @@ async fn act(ctx: &Ctx, act: Act, a: ActArgs) -> Result<u8> {
         .await?;
     let what = match act {
         Act::Approve => format!(
-            "approved gate {} of revision {rev}",
+            "approved {} {} of revision {rev}",
+            if st.phase == Some(ballast::api::RolloutPhase::WaitingExternal) {
+                "webhook hook"
+            } else {
+                "gate"
+            },
             st.current_hook.as_deref().unwrap_or("?")
         ),
         Act::Abort => format!(

@@ -159,7 +159,10 @@ fn phase_symbol(phase: RolloutPhase, style: Style) -> String {
     match phase {
         RolloutPhase::Succeeded | RolloutPhase::Idle => style.paint("32", style.sym("✔", "OK")),
         RolloutPhase::Failed | RolloutPhase::RolledBack => style.paint("31", style.sym("✖", "!!")),
-        RolloutPhase::WaitingApproval => style.paint("33", style.sym("⏸", "||")),
+        // Both wait for a decision from outside: a person, or the engine of a webhook hook.
+        RolloutPhase::WaitingApproval | RolloutPhase::WaitingExternal => {
+            style.paint("33", style.sym("⏸", "||"))
+        }
         _ => style.paint("36", style.sym("◌", "..")),
     }
 }
@@ -189,12 +192,21 @@ fn hook_phase_name(p: HookPhase) -> &'static str {
 }
 
 /// The command that moves the strategy on, when it waits for a person: approve (or abort) a
-/// gate, retry a failed revision.
+/// gate, retry a failed revision. A webhook's engine decides by itself (the same annotations),
+/// but a person may decide in its place.
 pub fn next_commands(name: &str, ns: &str, status: &RolloutStrategyStatus) -> Vec<String> {
     let rev = status.current_revision.as_deref().unwrap_or_default();
     let tail = format!("{name} -n {ns} --revision {rev}");
     match status.phase {
         Some(RolloutPhase::WaitingApproval) => vec![
+            format!("kubectl ballast approve {tail}"),
+            format!("kubectl ballast abort {tail}"),
+        ],
+        Some(RolloutPhase::WaitingExternal) => vec![
+            format!(
+                "wait for the engine of webhook hook {} to approve or abort, or decide in its place:",
+                status.current_hook.as_deref().unwrap_or("?")
+            ),
             format!("kubectl ballast approve {tail}"),
             format!("kubectl ballast abort {tail}"),
         ],
@@ -303,6 +315,8 @@ pub fn status_tree(s: &RolloutStrategy, extra: &Extra, now: Timestamp, style: St
         let e: Option<&HookStatus> = st.hooks.iter().find(|e| e.name == hook.name);
         let kind = if hook.approval.is_some() {
             "approval".to_string()
+        } else if hook.webhook.is_some() {
+            "webhook".to_string()
         } else {
             String::new()
         };
@@ -345,6 +359,9 @@ pub fn status_tree(s: &RolloutStrategy, extra: &Extra, now: Timestamp, style: St
             if let Some(code) = e.exit_code {
                 let _ = write!(o, "  exit {code}");
             }
+            if let Some(code) = e.http_status {
+                let _ = write!(o, "  HTTP {code}");
+            }
         }
         let _ = writeln!(o);
         if let Some(e) = e {
@@ -367,6 +384,9 @@ pub fn status_tree(s: &RolloutStrategy, extra: &Extra, now: Timestamp, style: St
                     human(left),
                     match hook.approval.as_ref().map(|g| g.on_timeout()) {
                         Some(crate::api::OnTimeout::Approve) => "approved",
+                        // An engine that does not decide in time fails the hook
+                        // (WebhookDecisionTimeout): its failurePolicy decides.
+                        None if hook.webhook.is_some() => "failed",
                         _ => "aborted",
                     }
                 );
@@ -515,7 +535,11 @@ pub fn check_act(
         ));
     }
     let ok = match act {
-        Act::Approve => phase == RolloutPhase::WaitingApproval,
+        // The controller takes the approve annotation of the revision in both.
+        Act::Approve => matches!(
+            phase,
+            RolloutPhase::WaitingApproval | RolloutPhase::WaitingExternal
+        ),
         Act::Abort => crate::controller::rollout_strategy::machine::in_progress(phase),
         Act::Retry => matches!(phase, RolloutPhase::Failed | RolloutPhase::RolledBack),
     };
@@ -523,7 +547,7 @@ pub fn check_act(
         return Ok(());
     }
     let wants = match act {
-        Act::Approve => "waiting for an approval",
+        Act::Approve => "waiting for an approval or an external decision",
         Act::Abort => "under way",
         Act::Retry => "failed or rolled back",
     };

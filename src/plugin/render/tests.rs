@@ -102,6 +102,74 @@ fn the_tree_shows_every_hook_the_deadline_and_the_next_command() {
     assert!(!out.contains('\x1b'), "no colour off a terminal");
 }
 
+/// A pre webhook hook whose engine answered 202 Accepted: the strategy waits in
+/// `WaitingExternal`, paused before the new revision's first pod.
+fn waiting_external() -> RolloutStrategy {
+    serde_json::from_value(json!({
+        "apiVersion": "ballast.dev/v1alpha1", "kind": "RolloutStrategy",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {
+            "targetRef": {"name": "web"},
+            "pre": [{"name": "change-ticket", "timeoutSeconds": 3600,
+                     "webhook": {"service": {"name": "change-bot", "port": 8443}}}]
+        },
+        "status": {
+            "phase": "WaitingExternal", "phaseTransitionTime": "2027-01-15T08:00:00Z",
+            "stableRevision": "aaaaaaaaaa", "currentRevision": "bbbbbbbbbb",
+            "currentHook": "change-ticket",
+            "hooks": [{"name": "change-ticket", "point": "Pre", "revision": "bbbbbbbbbb",
+                       "attempt": 1, "phase": "Waiting", "httpStatus": 202,
+                       "startTime": "2027-01-15T08:00:00Z", "deadline": "2027-01-15T09:00:00Z"}]
+        }
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_webhook_waiting_for_its_engine_shows_paused_with_the_deadline_and_who_decides() {
+    let now: Timestamp = "2027-01-15T08:10:00Z".parse().unwrap();
+    let out = status_tree(&waiting_external(), &Extra::default(), now, Style::PLAIN);
+    for want in [
+        "Phase:     || WaitingExternal (for 10m00s)",
+        "`-- ? pre  change-ticket [webhook]  Waiting  10m00s  HTTP 202",
+        // The engine that never answers fails the hook; it is not an approval gate's onTimeout.
+        "deadline 2027-01-15T09:00:00Z (50m00s left, then failed)",
+        "Next:      wait for the engine of webhook hook change-ticket to approve or abort, or decide in its place:",
+        "kubectl ballast approve web -n shop --revision bbbbbbbbbb",
+        "kubectl ballast abort web -n shop --revision bbbbbbbbbb",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    let tty = status_tree(&waiting_external(), &Extra::default(), now, Style::TTY);
+    assert!(
+        tty.contains("\x1b[33m⏸\x1b[0m WaitingExternal"),
+        "coloured as WaitingApproval: {tty}"
+    );
+}
+
+#[test]
+fn approve_and_abort_accept_a_revision_waiting_for_its_engine_and_wait_goes_on() {
+    let s = waiting_external();
+    let st = s.status.as_ref().unwrap();
+    assert!(check_act(Act::Approve, "web", st, "bbbbbbbbbb").is_ok());
+    assert!(check_act(Act::Abort, "web", st, "bbbbbbbbbb").is_ok());
+    let e = check_act(Act::Retry, "web", st, "bbbbbbbbbb").unwrap_err();
+    assert!(e.contains("its phase is WaitingExternal"), "{e}");
+    let e = check_act(Act::Approve, "web", st, "aaaaaaaaaa").unwrap_err();
+    assert!(e.contains("is on revision bbbbbbbbbb"), "{e}");
+    // Not terminal: `wait` keeps waiting, for a generation or for the revision.
+    let mut st = st.clone();
+    st.deployment_generation = Some(8);
+    assert_eq!(
+        verdict(&st, &Target::Revision("bbbbbbbbbb".into())),
+        Verdict::Waiting("revision bbbbbbbbbb: WaitingExternal".into())
+    );
+    assert!(matches!(
+        verdict(&st, &Target::Generation(8)),
+        Verdict::Waiting(_)
+    ));
+}
+
 #[test]
 fn a_failed_hook_shows_its_exit_code_message_and_log_tail() {
     let s = strategy(json!({
