@@ -34,18 +34,9 @@ const ARGO_STATUSES: [&str; 6] = [
     "Unknown",
 ];
 
-/// Every phase of `status.phase`; each must appear in at least one fixture.
-const PHASES: [&str; 9] = [
-    "Idle",
-    "PreHook",
-    "Rolling",
-    "MidHook",
-    "WaitingApproval",
-    "PostHook",
-    "Succeeded",
-    "Failed",
-    "RolledBack",
-];
+/// Every phase of `status.phase` (the manager's own list, so a new phase needs a fixture here
+/// before this test passes); each must appear in at least one fixture.
+const PHASES: [&str; 10] = ballast::metrics::ROLLOUT_PHASES;
 
 /// Reads `obj` from the generated literal, runs the health script at `arg[1]` in an environment
 /// like Argo CD's and prints `status`, a newline and `message`. Runs on Lua 5.1 to 5.4.

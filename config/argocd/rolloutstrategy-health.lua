@@ -2,7 +2,8 @@
 --
 -- The status is kstatus-compatible: status.observedGeneration, and the conditions Ready,
 -- Reconciling and Stalled (with the legacy Progressing and Failed). The phase (status.phase)
--- adds what kstatus cannot say: a revision waiting for a manual approval is Suspended.
+-- adds what kstatus cannot say: a revision waiting for a manual approval, or for the decision
+-- of an external engine (a webhook hook answered 202 Accepted), is Suspended.
 -- Fields: docs/rollout-strategy.md, src/api/rollout_strategy.rs.
 --
 -- Argo CD runs this in gopher-lua (Lua 5.1) with only the base, table and os libraries: no
@@ -108,6 +109,25 @@ if phase == "WaitingApproval" then
   hs.status = "Suspended"
   hs.message = statusMessage("revision " .. (revision or "?") .. " waits for approval at " .. hook)
       .. "; approve with: " .. command
+  return hs
+end
+
+-- A webhook hook answered 202 Accepted: its engine approves or aborts with the same
+-- annotations (docs/external-engines.md); a person may decide in its place.
+if phase == "WaitingExternal" then
+  local name = obj.metadata.name or "<name>"
+  local value = revision or "<status.currentRevision>"
+  local suffix = ""
+  if obj.metadata.namespace ~= nil then
+    suffix = " -n " .. obj.metadata.namespace
+  end
+  local hook = obj.status.currentHook or "a webhook hook"
+  hs.status = "Suspended"
+  hs.message = statusMessage("revision " .. (revision or "?")
+      .. " waits for the external engine of " .. hook)
+      .. "; the external engine decides; to decide in its place: kubectl annotate rolloutstrategy "
+      .. name
+      .. " ballast.dev/approve=" .. value .. suffix
   return hs
 end
 
