@@ -118,6 +118,40 @@ fn alerts_and_dashboard_query_only_metrics_the_manager_exports() {
     }
 }
 
+/// The stuck-revision alert matches exactly the phases in which a revision is under way (the
+/// machine's `in_progress`), so a new waiting phase cannot go unwatched.
+#[test]
+fn the_stuck_alert_watches_every_phase_under_way() {
+    use ballast::api::RolloutPhase;
+    use ballast::controller::rollout_strategy::machine::in_progress;
+    let rules: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("config/prometheus/prometheusrule.yaml")).unwrap(),
+    )
+    .unwrap();
+    let expr = rules["spec"]["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .find(|r| r["alert"] == "BallastRevisionStuck")
+        .expect("the BallastRevisionStuck alert")["expr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, rest) = expr
+        .split_once("phase=~\"")
+        .unwrap_or_else(|| panic!("no phase=~ matcher in {expr}"));
+    let watched: BTreeSet<&str> = rest.split('"').next().unwrap().split('|').collect();
+    let under_way: BTreeSet<&str> = ballast::metrics::ROLLOUT_PHASES
+        .into_iter()
+        .filter(|p| {
+            let phase: RolloutPhase = serde_json::from_value(serde_json::json!(p)).unwrap();
+            in_progress(phase)
+        })
+        .collect();
+    assert_eq!(watched, under_way, "{expr}");
+}
+
 #[test]
 fn the_alert_rules_pass_promtool_and_their_unit_tests() {
     let promtool = support::go_tool("promtool");
