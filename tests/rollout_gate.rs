@@ -413,6 +413,121 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
     }
 }
 
+/// The hold in `WaitingExternal` (a webhook hook answered 202 Accepted) refuses a user's resume
+/// only while the waiting hook of the current revision is a pre or mid hook: at a post hook the
+/// revision is rolled out and its Deployment unpaused. No operator: the status is written by the
+/// test, so each case is exactly the one named.
+#[tokio::test]
+async fn the_hold_refuses_a_resume_while_a_pre_or_mid_webhook_waits_for_its_engine_only() {
+    let c = support::cluster().await;
+    c.install();
+    let ns = support::TestNamespace::new(&c, "rgate-xhold").await;
+    c.apply_yaml(
+        &ns.name,
+        &deployment_yaml("web", "web:1", 1, false, ROLLING),
+    );
+    c.apply_yaml(
+        &ns.name,
+        r#"
+apiVersion: ballast.dev/v1alpha1
+kind: RolloutStrategy
+metadata: {name: web}
+spec:
+  targetRef: {name: web}
+  pre: [{name: ticket, webhook: {service: {name: engine, port: 8443}}}]
+  mid: [{name: canary, at: 50%, webhook: {service: {name: engine, port: 8443}}}]
+  post: [{name: notify, webhook: {service: {name: engine, port: 8443}}}]
+"#,
+    );
+    let status = |hooks: serde_json::Value| {
+        let patch = json!({"status": {
+            "phase": "WaitingExternal", "currentRevision": "bbbbbbbbbb", "hooks": hooks,
+        }});
+        c.kubectl_ok(&[
+            "patch",
+            "rolloutstrategy/web",
+            "-n",
+            &ns.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch.to_string(),
+        ]);
+    };
+    let waiting = |name: &str, point: &str, revision: &str| {
+        json!({"name": name, "point": point, "revision": revision, "attempt": 1,
+               "phase": "Waiting", "httpStatus": 202})
+    };
+    let passed = |name: &str, point: &str| {
+        json!({"name": name, "point": point, "revision": "bbbbbbbbbb", "attempt": 1,
+               "phase": "Succeeded", "httpStatus": 200})
+    };
+    // The gate pauses the new revision; each case tries to resume it.
+    let resume = |image: &str| {
+        c.kubectl_ok(&[
+            "set",
+            "image",
+            "deployment/web",
+            &format!("app={image}"),
+            "-n",
+            &ns.name,
+        ]);
+        c.kubectl(&["rollout", "resume", "deployment/web", "-n", &ns.name])
+    };
+    for (case, hooks, image) in [
+        (
+            "pre",
+            json!([waiting("ticket", "Pre", "bbbbbbbbbb")]),
+            "web:2",
+        ),
+        (
+            "mid",
+            json!([
+                passed("ticket", "Pre"),
+                waiting("canary", "Mid", "bbbbbbbbbb")
+            ]),
+            "web:3",
+        ),
+    ] {
+        status(hooks);
+        let out = resume(image);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{case}: the resume is refused");
+        assert!(
+            err.contains("held by RolloutStrategy web") && err.contains("(phase WaitingExternal)"),
+            "{case}: the refusal says why: {err}"
+        );
+    }
+    for (case, hooks, image) in [
+        (
+            "post",
+            json!([
+                passed("ticket", "Pre"),
+                passed("canary", "Mid"),
+                waiting("notify", "Post", "bbbbbbbbbb")
+            ]),
+            "web:4",
+        ),
+        // A pre hook left Waiting by an earlier revision does not hold this one.
+        (
+            "another revision's pre",
+            json!([
+                waiting("ticket", "Pre", "aaaaaaaaaa"),
+                waiting("notify", "Post", "bbbbbbbbbb")
+            ]),
+            "web:5",
+        ),
+    ] {
+        status(hooks);
+        let out = resume(image);
+        assert!(
+            out.status.success(),
+            "{case}: the resume is let through: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// `kubectl rollout pause` while a revision rolls out is the user's: ballast leaves the
 /// Deployment paused and says who paused it, and goes on after `kubectl rollout resume`.
 #[tokio::test]
