@@ -194,6 +194,13 @@ fn the_chart_renders_the_objects_of_config_default() {
 fn the_chart_s_defaults_add_a_standby_its_disruption_budget_and_host_anti_affinity() {
     let chart = normalized(&helm_template(&[]));
     let d = &chart["Deployment/ballast-controller-manager"];
+    // By default webhook hooks call no URL host: the flag is left out, as in config/default.
+    assert!(
+        !serde_yaml::to_string(&d["spec"]["template"]["spec"]["containers"][0]["args"])
+            .unwrap()
+            .contains("--webhook-allowed-hosts"),
+        "{d:?}"
+    );
     assert_eq!(d["spec"]["replicas"], Value::from(2.0));
     let term = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
         [0]["podAffinityTerm"];
@@ -224,6 +231,8 @@ fn the_chart_s_defaults_add_a_standby_its_disruption_budget_and_host_anti_affini
         &format!("image.digest={DIGEST}"),
         "--set",
         "podAntiAffinity=hard",
+        "--set",
+        "webhook.allowedHosts={jenkins.example.com,10.0.0.7}",
     ]));
     assert!(all.contains_key("ServiceMonitor/ballast-controller-manager"));
     assert!(all.contains_key("NetworkPolicy/ballast-controller-manager"));
@@ -240,6 +249,10 @@ fn the_chart_s_defaults_add_a_standby_its_disruption_budget_and_host_anti_affini
         .collect();
     assert!(args.contains(&"--watch-namespace=shop"), "{args:?}");
     assert!(args.contains(&"--log-format=text"), "{args:?}");
+    assert!(
+        args.contains(&"--webhook-allowed-hosts=jenkins.example.com,10.0.0.7"),
+        "{args:?}"
+    );
     assert_eq!(
         c["containers"][0]["image"],
         format!("registry.example/ballast:0.1.0@{DIGEST}").as_str()
