@@ -1,7 +1,8 @@
 //! `kubectl ballast` against the real local control plane and the real operator: the status
 //! tree's content, approve/abort refused and acted on, `wait`'s exit codes (0, 1, 2, and the
-//! previous revision's success never passing), `logs` from the recorded tail, and approval
-//! gates that time out with both `onTimeout` values.
+//! previous revision's success never passing), `logs` from the recorded tail, approval gates
+//! that time out with both `onTimeout` values, and a webhook hook whose engine answered 202
+//! (`WaitingExternal`) shown, waited through and approved by a person.
 
 mod support;
 
@@ -99,6 +100,89 @@ async fn approve_and_abort_are_refused_unless_they_apply_and_abort_rolls_back() 
     assert!(s.consumed_annotations.is_empty());
     wait_available(&env, "web", 2).await;
     assert_eq!(image_of(&env.deployment("web").await), "web:1");
+}
+
+/// An engine on 127.0.0.1 that answers every call `202 Accepted` and never decides itself.
+fn engine_that_defers() -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream);
+            let mut length = 0;
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                if let Some((k, v)) = line.split_once(':')
+                    && k.eq_ignore_ascii_case("content-length")
+                {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let _ = reader.by_ref().take(length).read_to_end(&mut vec![]);
+            let _ = reader.get_mut().write_all(
+                b"HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_webhook_waiting_for_its_engine_is_shown_waited_through_and_approved_by_a_person() {
+    let port = engine_that_defers();
+    let env = Env::with_args("plug-ext", &["--webhook-allowed-hosts=127.0.0.1"]).await;
+    adopt(
+        &env,
+        2,
+        &format!(
+            "  pre: [{{name: ticket, webhook: {{url: \"http://127.0.0.1:{port}/ballast\"}}}}]\n"
+        ),
+    )
+    .await;
+    env.set_image("web", "web:2").await;
+    let s = env
+        .wait_phase("web", RolloutPhase::WaitingExternal, None, 40)
+        .await;
+    let rev = s.current_revision.clone().unwrap();
+    // Not terminal: `wait` times out (2) while the engine has not decided.
+    let o = plugin(
+        &env,
+        &["wait", "web", "--revision", &rev, "--timeout", "3s"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("WaitingExternal"), "{}", text(&o));
+    let tree = text(&plugin(&env, &["status", "web"]));
+    for want in [
+        "Phase:     || WaitingExternal",
+        "? pre  ticket [webhook]  Waiting",
+        "HTTP 202",
+        "then failed)",
+        "wait for the engine of webhook hook ticket to approve or abort",
+        &format!(
+            "kubectl ballast approve web -n {} --revision {rev}",
+            env.ns.name
+        ),
+    ] {
+        assert!(tree.contains(want), "missing {want:?} in\n{tree}");
+    }
+    assert!(env.paused("web").await, "held at a pre hook");
+    // A person decides in the engine's place.
+    let o = plugin(&env, &["approve", "web"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("approved webhook hook ticket of revision {rev}")),
+        "{}",
+        text(&o)
+    );
+    let o = plugin(
+        &env,
+        &["wait", "web", "--revision", &rev, "--timeout", "60s"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    wait_available(&env, "web", 2).await;
+    assert_eq!(image_of(&env.deployment("web").await), "web:2");
 }
 
 #[tokio::test]
