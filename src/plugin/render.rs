@@ -60,19 +60,7 @@ pub fn image_changes(
     stable: Option<&serde_json::Value>,
     current: &serde_json::Value,
 ) -> Vec<ImageChange> {
-    let images = |t: &serde_json::Value| -> BTreeMap<String, String> {
-        t.pointer("/spec/containers")
-            .and_then(|c| c.as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|c| {
-                Some((
-                    c.get("name")?.as_str()?.to_string(),
-                    c.get("image")?.as_str()?.to_string(),
-                ))
-            })
-            .collect()
-    };
+    use crate::controller::rollout_strategy::webhook::images;
     let old = stable.map(images).unwrap_or_default();
     images(current)
         .into_iter()
