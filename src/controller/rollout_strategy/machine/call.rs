@@ -100,32 +100,9 @@ impl Machine<'_> {
             // The answer wakes the strategy; the call's own timeout bounds the wait.
             CallState::InFlight => Run::Waiting,
             CallState::Answered(Answer::Passed { status }) => {
+                self.st.hooks[idx].http_status = Some(i32::from(status));
                 let now = self.now();
-                let entry = &mut self.st.hooks[idx];
-                entry.phase = HookPhase::Succeeded;
-                entry.http_status = Some(i32::from(status));
-                entry.finish_time = Some(Time(now));
-                let seconds = entry
-                    .start_time
-                    .as_ref()
-                    .map_or(0.0, |s| now.duration_since(s.0).as_secs_f64().max(0.0));
-                self.d.hook_results.push(HookResult {
-                    point,
-                    result: "succeeded",
-                    seconds,
-                });
-                self.event(
-                    false,
-                    "HookSucceeded",
-                    format!(
-                        "{} hook {} succeeded for revision {} (attempt {}, webhook answered {status})",
-                        point.as_str(),
-                        hook.name,
-                        e.revision,
-                        e.attempt
-                    ),
-                );
-                Run::Acted
+                self.succeeded(idx, point, now, &format!("webhook answered {status}"))
             }
             CallState::Answered(Answer::Accepted) => {
                 let since = e.start_time.as_ref().map_or(self.now(), |t| t.0);

@@ -272,6 +272,38 @@ impl Machine<'_> {
     /// Follows the Job of an open hook entry: creates or adopts it, records how it ended, and
     /// fails it when it cannot start or runs too long. `dep` is `None` for a hook of a
     /// superseded revision, whose Job is never created anew.
+    /// Records the hook at `idx` as succeeded at `finished` (its duration and Event; `how` is
+    /// the Job or the webhook's answer), for a Job and a webhook hook alike.
+    pub(super) fn succeeded(
+        &mut self,
+        idx: usize,
+        point: HookPoint,
+        finished: jiff::Timestamp,
+        how: &str,
+    ) -> Run {
+        let entry = &mut self.st.hooks[idx];
+        entry.phase = HookPhase::Succeeded;
+        entry.finish_time = Some(Time(finished));
+        let seconds = entry
+            .start_time
+            .as_ref()
+            .map_or(0.0, |s| finished.duration_since(s.0).as_secs_f64().max(0.0));
+        let note = format!(
+            "{} hook {} succeeded for revision {} (attempt {}, {how})",
+            point.as_str(),
+            entry.name,
+            entry.revision,
+            entry.attempt
+        );
+        self.d.hook_results.push(HookResult {
+            point,
+            result: "succeeded",
+            seconds,
+        });
+        self.event(false, "HookSucceeded", note);
+        Run::Acted
+    }
+
     pub(super) fn track(
         &mut self,
         idx: usize,
@@ -348,32 +380,9 @@ impl Machine<'_> {
         }
         match &job.state {
             JobState::Succeeded { finished } => {
+                self.st.hooks[idx].exit_code = Some(0);
                 let finished = finished.unwrap_or(self.now());
-                let entry = &mut self.st.hooks[idx];
-                entry.phase = HookPhase::Succeeded;
-                entry.exit_code = Some(0);
-                entry.finish_time = Some(Time(finished));
-                let seconds = entry
-                    .start_time
-                    .as_ref()
-                    .map_or(0.0, |s| finished.duration_since(s.0).as_secs_f64().max(0.0));
-                self.d.hook_results.push(HookResult {
-                    point,
-                    result: "succeeded",
-                    seconds,
-                });
-                self.event(
-                    false,
-                    "HookSucceeded",
-                    format!(
-                        "{} hook {} succeeded for revision {} (attempt {}, Job {name})",
-                        point.as_str(),
-                        hook.name,
-                        e.revision,
-                        e.attempt
-                    ),
-                );
-                Run::Acted
+                self.succeeded(idx, point, finished, &format!("Job {name}"))
             }
             JobState::Failed {
                 reason, message, ..
