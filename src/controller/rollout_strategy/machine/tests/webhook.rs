@@ -41,6 +41,15 @@ fn started(c: &Case) -> RolloutStrategyStatus {
     d.status
 }
 
+/// The status once the pre webhook (timeout 60 s) is recorded Running with its key.
+fn running_call() -> RolloutStrategyStatus {
+    started(&allowing(Case::new(
+        url_pre(60),
+        status(RolloutPhase::PreHook, vec![]),
+        dep(NEW, true),
+    )))
+}
+
 fn start_call(attempt: i32) -> Effect {
     Effect::StartCall {
         point: HookPoint::Pre,
@@ -89,11 +98,7 @@ fn a_webhook_is_recorded_running_with_its_key_and_only_then_called() {
 
 #[test]
 fn a_call_under_way_is_not_asked_for_again() {
-    let st = started(&allowing(Case::new(
-        url_pre(60),
-        status(RolloutPhase::PreHook, vec![]),
-        dep(NEW, true),
-    )));
+    let st = running_call();
     let mut c = allowing(Case::new(url_pre(60), st, dep(NEW, true)));
     c.webhooks.calls.insert(key(1), CallState::InFlight);
     let d = c.decide();
@@ -104,11 +109,7 @@ fn a_call_under_way_is_not_asked_for_again() {
 #[test]
 fn after_a_restart_a_running_webhook_is_called_again_with_the_same_key() {
     // The entry says Running with key 1; this process knows nothing of the call.
-    let st = started(&allowing(Case::new(
-        url_pre(60),
-        status(RolloutPhase::PreHook, vec![]),
-        dep(NEW, true),
-    )));
+    let st = running_call();
     let d = allowing(Case::new(url_pre(60), st, dep(NEW, true)))
         .at(500)
         .decide();
@@ -117,11 +118,7 @@ fn after_a_restart_a_running_webhook_is_called_again_with_the_same_key() {
 
 #[test]
 fn a_2xx_passes_the_hook_and_the_rollout_goes_on() {
-    let st = started(&allowing(Case::new(
-        url_pre(60),
-        status(RolloutPhase::PreHook, vec![]),
-        dep(NEW, true),
-    )));
+    let st = running_call();
     let c = answered(
         allowing(Case::new(url_pre(60), st, dep(NEW, true))),
         1,
@@ -136,11 +133,7 @@ fn a_2xx_passes_the_hook_and_the_rollout_goes_on() {
 
 #[test]
 fn another_status_fails_the_hook_with_the_code_and_the_body() {
-    let st = started(&allowing(Case::new(
-        url_pre(60),
-        status(RolloutPhase::PreHook, vec![]),
-        dep(NEW, true),
-    )));
+    let st = running_call();
     let c = answered(
         allowing(Case::new(url_pre(60), st, dep(NEW, true))),
         1,
@@ -302,11 +295,7 @@ fn a_202_without_a_decision_fails_at_timeout_seconds_from_the_start() {
 
 #[test]
 fn a_template_change_lets_the_call_under_way_finish_and_records_its_answer() {
-    let st = started(&allowing(Case::new(
-        url_pre(60),
-        status(RolloutPhase::PreHook, vec![]),
-        dep(NEW, true),
-    )));
+    let st = running_call();
     // In flight: followed, the newer revision held and not started.
     let mut c = allowing(Case::new(url_pre(60), st.clone(), dep(NEWER, true)));
     c.webhooks.calls.insert(key(1), CallState::InFlight);
@@ -337,11 +326,7 @@ fn a_template_change_lets_the_call_under_way_finish_and_records_its_answer() {
 
 #[test]
 fn a_template_change_drops_a_call_made_before_a_restart_and_a_pending_decision() {
-    let st = started(&allowing(Case::new(
-        url_pre(60),
-        status(RolloutPhase::PreHook, vec![]),
-        dep(NEW, true),
-    )));
+    let st = running_call();
     // This process never made the call: it is not sent again for the old revision.
     let d = allowing(Case::new(url_pre(60), st, dep(NEWER, true))).decide();
     assert!(
