@@ -351,6 +351,26 @@ pub struct Act<'a> {
     pub calls: &'a Calls,
 }
 
+impl Act<'_> {
+    /// The observed Deployment, if it is still at `revision`; else the decision is stale.
+    fn deployment_at(&self, revision: &str) -> Result<&super::observe::DeploymentView, Error> {
+        self.observed
+            .deployment
+            .as_ref()
+            .filter(|d| d.revision == revision)
+            .ok_or(Error::Conflict)
+    }
+
+    /// The hook of this name in the strategy's spec, at any point.
+    fn hook(&self, name: &str) -> Option<&crate::api::Hook> {
+        self.strategy
+            .spec
+            .hooks()
+            .find(|(_, h)| h.name == name)
+            .map(|(_, h)| h)
+    }
+}
+
 /// Webhook calls: the caller (one call per key in this process), the hosts `url:` may name,
 /// and the channel whose message wakes a strategy when its call is answered.
 pub struct Calls {
@@ -403,20 +423,8 @@ pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Err
             revision,
             attempt,
         } => {
-            let Some(dep) = a
-                .observed
-                .deployment
-                .as_ref()
-                .filter(|d| &d.revision == revision)
-            else {
-                return Err(Error::Conflict);
-            };
-            let Some(h) = strategy
-                .spec
-                .hooks()
-                .find(|(_, h)| &h.name == hook)
-                .map(|(_, h)| h)
-            else {
+            let dep = a.deployment_at(revision)?;
+            let Some(h) = a.hook(hook) else {
                 return Err(Error::BuildJob(format!("hook {hook} is not in the spec")));
             };
             let job = hooks::build_job(&hooks::JobInput {
@@ -456,20 +464,8 @@ pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Err
             attempt,
             key,
         } => {
-            let Some(dep) = a
-                .observed
-                .deployment
-                .as_ref()
-                .filter(|d| &d.revision == revision)
-            else {
-                return Err(Error::Conflict);
-            };
-            let Some(w) = strategy
-                .spec
-                .hooks()
-                .find(|(_, h)| &h.name == hook)
-                .and_then(|(_, h)| h.webhook.as_ref())
-            else {
+            let dep = a.deployment_at(revision)?;
+            let Some(w) = a.hook(hook).and_then(|h| h.webhook.as_ref()) else {
                 return Err(Error::BuildCall(format!(
                     "hook {hook} is not a webhook of the spec"
                 )));
