@@ -226,6 +226,14 @@ pub async fn measure(
     let template_writes = count(is_template_write);
     let status_writes = count(is_status_patch);
     let (_, requests_by_kind) = crate::support::operator::requests_but_watches(&delta);
+    // The watch delivers the last write's event a moment after its response: give it up to 3 s
+    // to catch up (a write that changed nothing makes no event, and still fails the row).
+    let caught_up = Instant::now();
+    while seen.load(Ordering::Relaxed) < status_writes
+        && caught_up.elapsed() < Duration::from_secs(3)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let status_changes_seen = seen.load(Ordering::Relaxed);
     eprintln!(
         "[bench] N={n}: steady state {secs:.0} s, {scale_changes} scale changes of {} Deployments: \
