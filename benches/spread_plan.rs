@@ -36,9 +36,7 @@ fn workloads(n: usize) -> Vec<Workload> {
                 replicas: 3,
                 ..Default::default()
             };
-            w.selector =
-                serde_json::from_value(serde_json::json!({"matchLabels": {"app": w.name}}))
-                    .unwrap();
+            w.selector.match_labels = [("app", w.name.as_str())].into();
             w
         })
         .collect()

@@ -155,13 +155,17 @@ fn policy() -> Result<SpreadPolicy> {
 /// ballast sends, without the resourceVersion precondition, as `kubectl apply` sends it).
 fn terms_and_body(p: &SpreadPolicy, d: &Deployment, ns: &str) -> (String, Value) {
     let w = Workload::from_deployment(d);
-    let desired = desired_terms(&p.spec, WorkloadKind::Deployment, &w.selector);
+    let desired = desired_terms(
+        &p.spec,
+        WorkloadKind::Deployment,
+        &w.selector.to_label_selector(),
+    );
     let merged = merge(&w, &Terms::default(), &desired);
     let record = record_text(&merged.ours);
     let write = Write {
         kind: WorkloadKind::Deployment,
         name: d.name_any(),
-        ours: merged.ours,
+        record: record.clone(),
         template_changed: merged.template_changed,
         owner: Some(POLICY.into()),
         resource_version: None,

@@ -3,6 +3,7 @@
 //! annotations ballast writes. Nothing here decides anything.
 
 pub mod apply;
+pub mod compact;
 pub mod conditions;
 pub mod finalizer;
 pub mod lenient;

@@ -34,7 +34,8 @@ pub struct CachedDeployment {
 impl CachedDeployment {
     /// Applied by the watch before the cache: managedFields cut to who set `spec.paused`
     /// ([`keep_paused_owners`](super::observe::keep_paused_owners)), and, unless the
-    /// Deployment is labelled governed, no spec, no status and no annotations but ballast's.
+    /// Deployment is labelled governed, no spec, no status, and no labels or annotations but
+    /// the RolloutStrategy controller's.
     pub fn trim(&mut self) {
         super::observe::keep_paused_owners(&mut self.metadata);
         if self
@@ -47,8 +48,19 @@ impl CachedDeployment {
         }
         self.spec = None;
         self.status = None;
-        if let Some(a) = self.metadata.annotations.as_mut() {
-            a.retain(|k, _| k.starts_with("ballast.dev/"));
+        // What is read of a Deployment not labelled governed: ballast's own labels (the phase,
+        // the governed label to come) and the annotations naming its strategy. The
+        // SpreadPolicy controller's annotations are its own business, and with a policy over
+        // thousands of Deployments, one map node each is megabytes.
+        let ours =
+            |k: &String| k.starts_with("ballast.dev/") && !k.starts_with("ballast.dev/spread-");
+        for map in [&mut self.metadata.labels, &mut self.metadata.annotations] {
+            if let Some(m) = map.as_mut() {
+                m.retain(|k, _| ours(k));
+            }
+            if map.as_ref().is_some_and(|m| m.is_empty()) {
+                *map = None;
+            }
         }
     }
 
@@ -146,7 +158,8 @@ mod tests {
         json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "shop", "uid": "d1", "labels": labels,
-                         "annotations": {"ballast.dev/rollout-strategy": "s", "team": "a"},
+                         "annotations": {"ballast.dev/rollout-strategy": "s", "team": "a",
+                                         "ballast.dev/spread-policy": "p"},
                          "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
                                             "fieldsV1": {"f:spec": {"f:paused": {}, "f:replicas": {}}}}]},
             "spec": {"replicas": 3, "paused": true, "selector": {"matchLabels": {"app": "web"}},
@@ -212,7 +225,13 @@ mod tests {
             json!({"f:spec": {"f:paused": {}}})
         );
         assert!(other.spec.is_none() && other.status.is_none());
-        assert_eq!(other.metadata.annotations.as_ref().unwrap().len(), 1);
+        // Of one not governed: ballast's labels and this controller's annotations only.
+        let annotations = other.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["ballast.dev/rollout-strategy"]
+        );
+        assert_eq!(other.metadata.labels, None);
         assert_eq!(CachedDeployment::kind(&()), "Deployment");
     }
 }

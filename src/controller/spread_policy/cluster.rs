@@ -239,7 +239,7 @@ pub(super) async fn sync_cluster(
             .expect("not poisoned")
             .observe(&ns, &mut ws, now);
         let carries = ws.iter().any(|w| {
-            w.annotations.get(ANNOTATION_POLICY) == Some(&owner)
+            w.annotations.get(ANNOTATION_POLICY) == Some(owner.as_str())
                 || w.rolling_for.as_deref() == Some(owner.as_str())
         });
         if g.covers(&ns) || carries {

@@ -144,7 +144,7 @@ pub fn node_selected(w: &Workload, node: &NodeInfo) -> bool {
     if !w
         .node_selector
         .iter()
-        .all(|(k, v)| node.labels.get(k) == Some(v))
+        .all(|(k, v)| node.labels.get(k).map(String::as_str) == Some(v))
     {
         return false;
     }
@@ -315,7 +315,7 @@ pub(crate) mod tests {
     fn node_selector_and_required_node_affinity_both_narrow_the_nodes() {
         let nodes = three_zones();
         let mut w = web();
-        w.node_selector = BTreeMap::from([(ZONE.to_string(), "a".to_string())]);
+        w.node_selector = [(ZONE, "a")].into();
         let names: Vec<&str> = nodes
             .iter()
             .filter(|n| feasible(&w, n))

@@ -119,7 +119,7 @@ pub(super) async fn perform(
                 if w.is_removal() {
                     removed.push(target);
                 } else {
-                    applied.push((target, w.ours.len()));
+                    applied.push((target, w.ours().len()));
                 }
             }
             // Deleted since the cache read: nothing to take out or put in.

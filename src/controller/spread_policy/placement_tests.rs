@@ -5,7 +5,6 @@ use crate::controller::spread_policy::feasibility::tests::{
     HOST, ZONE, node, taint, three_zones, tolerate,
 };
 use serde_json::json;
-use std::collections::BTreeMap;
 
 fn spec(v: serde_json::Value) -> SpreadPolicySpec {
     serde_json::from_value(json!({"selector": {"matchLabels": {"a": "b"}}, "spread": v})).unwrap()
@@ -111,7 +110,7 @@ fn a_node_selector_subset_narrows_the_domains() {
         n.labels.insert("disk".into(), "ssd".into());
     }
     let mut w = web(3);
-    w.node_selector = BTreeMap::from([("disk".to_string(), "ssd".to_string())]);
+    w.node_selector = [("disk", "ssd")].into();
     assert_eq!(pending(&zone_required(), &w, &nodes), 1);
     // Spread over the two zones it may use: nothing Pending without minDomains.
     w.replicas = 6;

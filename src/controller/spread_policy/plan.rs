@@ -57,11 +57,12 @@ pub fn record_text(ours: &Terms) -> String {
     serde_json::to_string(ours).expect("terms serialize")
 }
 
-/// Whether the template's record says exactly `ours` (no record means none).
-fn record_matches(record: Option<&str>, ours: &Terms) -> bool {
+/// Whether the template's record says exactly `ours`, whose record is `text` (no record means
+/// none).
+fn record_matches(record: Option<&str>, text: &str, ours: &Terms) -> bool {
     match record {
         None => ours.is_empty(),
-        Some(r) => r == record_text(ours),
+        Some(r) => r == text,
     }
 }
 
@@ -70,10 +71,12 @@ fn record_matches(record: Option<&str>, ours: &Terms) -> bool {
 pub struct Write {
     pub kind: WorkloadKind,
     pub name: String,
-    /// The terms ballast's record will name (none for a removal). The merged lists are not
-    /// kept: with thousands of writes in one plan they were the largest part of the manager's
-    /// peak memory, and [`Write::merged`] makes them again from the same view when written.
-    pub ours: Terms,
+    /// The record the template will carry: the JSON of the terms that will be ours (none for
+    /// a removal). Neither the merged lists nor the terms themselves are kept: with thousands
+    /// of writes in one plan they were the largest part of the manager's peak memory (a term
+    /// is about 1 KiB of k8s-openapi structures, its JSON a fifth of that), and
+    /// [`Write::merged`] makes them again from the same view when written.
+    pub record: String,
     /// Whether the write changes the pod template (which rolls the pods out).
     pub template_changed: bool,
     /// The policy that the record will name; `None` removes the record.
@@ -91,7 +94,12 @@ impl Write {
     /// without the recorded terms, then ours. The same as the plan's merge, since ours are the
     /// desired terms that merge kept.
     pub fn merged(&self, live: &Workload) -> Merged {
-        merge(live, &recorded_terms(live), &self.ours)
+        merge(live, &recorded_terms(live), &self.ours())
+    }
+
+    /// The terms that will be ours, read back from [`Write::record`].
+    pub fn ours(&self) -> Terms {
+        serde_json::from_str(&self.record).expect("a record this controller wrote")
     }
 }
 
@@ -195,7 +203,7 @@ pub fn rolling_out_for(
     w: &Workload,
     unobserved_writes: &BTreeSet<(WorkloadKind, String)>,
 ) -> bool {
-    let ours = w.annotations.get(ANNOTATION_POLICY).map(String::as_str) == Some(name)
+    let ours = w.annotations.get(ANNOTATION_POLICY) == Some(name)
         || w.rolling_for.as_deref() == Some(name);
     !w.deleting
         && ours
@@ -223,7 +231,7 @@ fn deletion_costs(inp: &Inputs, nodes: &Nodes, invalid: bool) -> Vec<PodWrite> {
     let no_pods: Arc<[PodView]> = Arc::new([]);
     let mut out = Vec::new();
     for w in inp.workloads.iter().filter(|w| !w.deleting) {
-        let ours = w.annotations.get(ANNOTATION_POLICY) == Some(&name);
+        let ours = w.annotations.get(ANNOTATION_POLICY) == Some(name.as_str());
         let balanced = match winner(inp.policies, w) {
             Some(g) if g.name_any() == name && !deleting && !invalid => {
                 policy.spec.scale_down == ScaleDown::Balanced
@@ -264,7 +272,8 @@ pub fn plan(inp: &Inputs) -> Plan {
     out.invalid = invalid_reason(policy);
 
     // A workload being deleted is written nothing and holds up nothing.
-    let ours = |w: &Workload| !w.deleting && w.annotations.get(ANNOTATION_POLICY) == Some(&name);
+    let ours =
+        |w: &Workload| !w.deleting && w.annotations.get(ANNOTATION_POLICY) == Some(name.as_str());
     let in_flight = |w: &Workload| rolling_out_for(&name, w, inp.unobserved_writes);
     out.in_flight = inp.workloads.iter().filter(|w| in_flight(w)).count();
     let max = policy.spec.rollout.max_concurrent.max(0) as usize;
@@ -322,7 +331,7 @@ pub fn plan(inp: &Inputs) -> Plan {
                 continue;
             }
             (
-                desired_terms(&policy.spec, w.kind, &w.selector),
+                desired_terms(&policy.spec, w.kind, &w.selector.to_label_selector()),
                 Some(name.clone()),
             )
         } else if ours(w) {
@@ -406,8 +415,9 @@ pub fn plan(inp: &Inputs) -> Plan {
         let recorded = recorded_terms(w);
         let mut merged = merge(w, &recorded, &desired);
         // The record lives in the template: a different record is a template change too.
-        merged.template_changed |= !record_matches(w.record.as_deref(), &merged.ours);
-        let record_ok = w.annotations.get(ANNOTATION_POLICY) == owner.as_ref();
+        let record = record_text(&merged.ours);
+        merged.template_changed |= !record_matches(w.record.as_deref(), &record, &merged.ours);
+        let record_ok = w.annotations.get(ANNOTATION_POLICY) == owner.as_deref();
         let skipped = (!merged.skipped.is_empty()).then(|| merged.skipped.join("; "));
         if !merged.template_changed && record_ok {
             if is_winner {
@@ -474,7 +484,7 @@ pub fn plan(inp: &Inputs) -> Plan {
         out.writes.push(Write {
             kind: w.kind,
             name: w.name.clone(),
-            ours: merged.ours,
+            record,
             template_changed: merged.template_changed,
             owner,
             resource_version: w.resource_version.clone(),

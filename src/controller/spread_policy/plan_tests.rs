@@ -1,6 +1,6 @@
 use super::*;
 use crate::controller::spread_policy::select::Governor;
-use crate::controller::spread_policy::workload::Rollout;
+use crate::controller::spread_policy::workload::{PodSelector, Rollout};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
@@ -32,7 +32,10 @@ fn web(name: &str) -> Workload {
         name: name.into(),
         namespace: "shop".into(),
         labels: [("tier".to_string(), "web".to_string())].into(),
-        selector: serde_json::from_value(json!({"matchLabels": {"app": name}})).unwrap(),
+        selector: PodSelector {
+            match_labels: [("app", name)].into(),
+            ..Default::default()
+        },
         replicas: 3,
         resource_version: Some("1".into()),
         ..Default::default()
@@ -41,14 +44,14 @@ fn web(name: &str) -> Workload {
 
 /// `w` as it is once `p`'s terms are written into it.
 fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
-    let terms = desired_terms(&p.spec, w.kind, &w.selector);
+    let terms = desired_terms(&p.spec, w.kind, &w.selector.to_label_selector());
     let m = merge(&w, &Terms::default(), &terms);
     w.affinity.pod_anti_affinity = Some(k8s_openapi::api::core::v1::PodAntiAffinity {
         required_during_scheduling_ignored_during_execution: Some(m.anti_affinity_required),
         ..Default::default()
     });
     w.record = Some(record_text(&m.ours));
-    w.annotations.insert(ANNOTATION_POLICY.into(), p.name_any());
+    w.annotations = [(ANNOTATION_POLICY.to_string(), p.name_any())].into();
     w
 }
 

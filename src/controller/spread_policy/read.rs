@@ -26,7 +26,7 @@ use std::{
 
 /// What the cache keeps of a workload of kind `K` (Deployment, StatefulSet): its view
 /// ([`Workload`], with only ballast's annotations), made as the watch deserializes the object,
-/// and the name, namespace, uid and resourceVersion the cache keys it by. Nothing else of the
+/// and the name, namespace and resourceVersion the cache and the watch key it by. Nothing else of the
 /// object is kept; ballast never writes whole objects, only apply patches.
 #[derive(Debug)]
 pub struct Cached<K> {
@@ -69,16 +69,14 @@ impl<K: Viewed> Cached<K> {
     where
         K: kube::Resource,
     {
-        let mut workload = obj.view();
-        workload
-            .annotations
-            .retain(|k, _| k.starts_with("ballast.dev/"));
+        let workload = obj.view();
         let m = obj.meta();
         Self {
+            // The name and namespace key the cache; the resourceVersion is where the watch
+            // resumes. The uid is in the view.
             metadata: ObjectMeta {
                 name: m.name.clone(),
                 namespace: m.namespace.clone(),
-                uid: m.uid.clone(),
                 resource_version: m.resource_version.clone(),
                 ..Default::default()
             },

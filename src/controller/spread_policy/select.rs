@@ -10,6 +10,7 @@
 
 use crate::api::cluster_spread_policy::ClusterSpreadPolicy;
 use crate::api::spread_policy::SpreadPolicy;
+use crate::k8s::compact::Lookup;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
@@ -159,7 +160,7 @@ pub fn validate_selector(sel: &LabelSelector) -> Result<(), InvalidSelector> {
 }
 
 /// Whether `labels` satisfy `sel`. An invalid selector matches nothing.
-pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub fn matches(sel: &LabelSelector, labels: &(impl Lookup + ?Sized)) -> bool {
     if validate_selector(sel).is_err() {
         return false;
     }
@@ -167,7 +168,7 @@ pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
         .match_labels
         .iter()
         .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
+        .all(|(k, v)| labels.lookup(k) == Some(v.as_str()));
     labels_ok
         && sel
             .match_expressions
@@ -176,13 +177,14 @@ pub fn matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
             .all(|e| requirement(e, labels))
 }
 
-fn requirement(e: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+fn requirement(e: &LabelSelectorRequirement, labels: &(impl Lookup + ?Sized)) -> bool {
     let values = e.values.as_deref().unwrap_or_default();
+    let has = |v: &str| values.iter().any(|x| x == v);
     match e.operator.as_str() {
-        "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
-        "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
-        "Exists" => labels.contains_key(&e.key),
-        "DoesNotExist" => !labels.contains_key(&e.key),
+        "In" => labels.lookup(&e.key).is_some_and(has),
+        "NotIn" => labels.lookup(&e.key).is_none_or(|v| !has(v)),
+        "Exists" => labels.lookup(&e.key).is_some(),
+        "DoesNotExist" => labels.lookup(&e.key).is_none(),
         _ => false,
     }
 }
@@ -303,7 +305,7 @@ mod tests {
             kind: WorkloadKind::Deployment,
             name: "web".into(),
             namespace: "shop".into(),
-            labels: labels(&[("tier", "web")]),
+            labels: [("tier", "web")].into(),
             ..Default::default()
         }
     }

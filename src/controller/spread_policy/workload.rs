@@ -10,12 +10,13 @@
 
 use super::plan::ANNOTATION_TERMS;
 use crate::api::spread_policy::WorkloadKind;
+use crate::k8s::compact::StrMap;
 use jiff::Timestamp;
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
     core::v1::{Affinity, PodSpec, PodTemplateSpec, Toleration, TopologySpreadConstraint},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::ResourceExt;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -60,20 +61,21 @@ pub struct Workload {
     pub generation: Option<i64>,
     /// Being deleted: nothing is written to it and it holds up nothing.
     pub deleting: bool,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
+    pub labels: StrMap,
+    /// ballast's annotations only (`ballast.dev/`): no decision reads another.
+    pub annotations: StrMap,
     /// The record of ballast's terms in the pod template (`ballast.dev/spread-terms`
     /// on `spec.template.metadata`): it travels with the template through
     /// `kubectl rollout undo` and rollbacks, so it always describes the terms
     /// of the template it sits in.
     pub record: Option<String>,
     pub resource_version: Option<String>,
-    pub selector: LabelSelector,
+    pub selector: PodSelector,
     pub replicas: i32,
     pub affinity: Affinity,
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     pub tolerations: Vec<Toleration>,
-    pub node_selector: BTreeMap<String, String>,
+    pub node_selector: StrMap,
     pub rollout: Rollout,
     /// The last progress the workload's controller reported (a Deployment's
     /// `Progressing` condition), once it has observed the current generation.
@@ -123,7 +125,11 @@ impl Workload {
         self.topology_spread_constraints =
             s.topology_spread_constraints.clone().unwrap_or_default();
         self.tolerations = s.tolerations.clone().unwrap_or_default();
-        self.node_selector = s.node_selector.clone().unwrap_or_default();
+        self.node_selector = s
+            .node_selector
+            .as_ref()
+            .map(StrMap::from)
+            .unwrap_or_default();
         self
     }
 
@@ -141,10 +147,10 @@ impl Workload {
             uid: d.uid(),
             generation: d.metadata.generation,
             deleting: d.metadata.deletion_timestamp.is_some(),
-            labels: d.labels().clone(),
-            annotations: d.annotations().clone(),
+            labels: d.labels().into(),
+            annotations: ours(d.annotations()),
             resource_version: d.resource_version(),
-            selector: spec.map(|s| s.selector.clone()).unwrap_or_default(),
+            selector: spec.map(|s| (&s.selector).into()).unwrap_or_default(),
             replicas,
             rollout: deployment_rollout(d),
             unobserved: !observed_current(
@@ -167,10 +173,10 @@ impl Workload {
             uid: s.uid(),
             generation: s.metadata.generation,
             deleting: s.metadata.deletion_timestamp.is_some(),
-            labels: s.labels().clone(),
-            annotations: s.annotations().clone(),
+            labels: s.labels().into(),
+            annotations: ours(s.annotations()),
             resource_version: s.resource_version(),
-            selector: spec.map(|s| s.selector.clone()).unwrap_or_default(),
+            selector: spec.map(|s| (&s.selector).into()).unwrap_or_default(),
             replicas: spec.and_then(|s| s.replicas).unwrap_or(1),
             rollout: stateful_set_rollout(s),
             unobserved: !observed_current(
@@ -181,6 +187,46 @@ impl Workload {
             ..Default::default()
         };
         base.with_template(spec.map(|s| &s.template))
+    }
+}
+
+/// ballast's annotations of `all`.
+fn ours(all: &BTreeMap<String, String>) -> StrMap {
+    all.iter()
+        .filter(|(k, _)| k.starts_with("ballast.dev/"))
+        .collect()
+}
+
+/// A workload's `spec.selector`, kept compact ([`StrMap`]): it becomes the label selector of
+/// the terms ballast writes ([`PodSelector::to_label_selector`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodSelector {
+    pub match_labels: StrMap,
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+impl PodSelector {
+    /// The selector as the API writes it (`matchLabels` and `matchExpressions` left out when
+    /// empty, as they were read).
+    pub fn to_label_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: (!self.match_labels.is_empty()).then(|| self.match_labels.to_btree()),
+            match_expressions: (!self.match_expressions.is_empty())
+                .then(|| self.match_expressions.clone()),
+        }
+    }
+}
+
+impl From<&LabelSelector> for PodSelector {
+    fn from(s: &LabelSelector) -> Self {
+        Self {
+            match_labels: s
+                .match_labels
+                .as_ref()
+                .map(StrMap::from)
+                .unwrap_or_default(),
+            match_expressions: s.match_expressions.clone().unwrap_or_default(),
+        }
     }
 }
 

@@ -352,7 +352,7 @@ mod tests {
         Write {
             kind: WorkloadKind::Deployment,
             name: "web".into(),
-            ours: merged.ours,
+            record: record_text(&merged.ours),
             template_changed: merged.template_changed,
             owner: owner.map(String::from),
             resource_version: Some("42".into()),
@@ -432,8 +432,7 @@ mod tests {
             topology_spread_constraints: serde_json::from_value(tsc).unwrap(),
             ..Default::default()
         };
-        w.annotations
-            .insert(ANNOTATION_POLICY.into(), "web-ha".into());
+        w.annotations = [(ANNOTATION_POLICY, "web-ha")].into();
         w
     }
 
