@@ -141,8 +141,27 @@ fn row(what: &str, (bytes, allocs): (f64, f64)) -> f64 {
     with_overhead
 }
 
+/// The Deployment fixture as a SpreadPolicy leaves it: one preferred anti-affinity term over
+/// its own pods, the record of that term in the template, and the policy's annotation.
+fn governed(fixture: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
+    let selector = v["spec"]["selector"].clone();
+    let term = serde_json::json!({"weight": 100, "podAffinityTerm": {
+        "labelSelector": selector, "topologyKey": "kubernetes.io/hostname"}});
+    v["metadata"]["annotations"]["ballast.dev/spread-policy"] = "spread".into();
+    let template = &mut v["spec"]["template"];
+    template["metadata"]["annotations"]["ballast.dev/spread-terms"] =
+        serde_json::json!({"antiAffinityPreferred": [term]})
+            .to_string()
+            .into();
+    template["spec"]["affinity"] = serde_json::json!({"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [term]}});
+    v.to_string()
+}
+
 fn main() {
     let deployment = include_str!("fixtures/deployment.json");
+    let governed_deployment = governed(deployment);
     let replica_set = include_str!("fixtures/replicaset.json");
     println!("bytes kept per object in a reflector store, {N} objects each (live heap):");
     row(
@@ -157,6 +176,14 @@ fn main() {
         "Deployment, RolloutStrategy's cache (not labelled governed)",
         per_object::<CachedDeployment>(deployment, CachedDeployment::trim),
     );
+    let spread_governed = row(
+        "Deployment with a SpreadPolicy's term, SpreadPolicy's cache",
+        per_object::<Cached<Deployment>>(&governed_deployment, |_| {}),
+    );
+    let rollout_governed = row(
+        "Deployment with a SpreadPolicy's term, RolloutStrategy's cache",
+        per_object::<CachedDeployment>(&governed_deployment, CachedDeployment::trim),
+    );
     row(
         "ReplicaSet, as received (floor: no trim)",
         per_object::<ReplicaSet>(replica_set, |_| {}),
@@ -169,6 +196,13 @@ fn main() {
         "one ungoverned Deployment with one ReplicaSet, both caches: {:.1} KiB ({:.0} MiB at N = 5000)",
         (spread + rollout + rs) / 1024.0,
         (spread + rollout + rs) * 5000.0 / (1024.0 * 1024.0)
+    );
+    // A template write makes a second ReplicaSet (the old one stays, scaled to 0).
+    let spread_bytes = spread_governed + rollout_governed + 2.0 * rs;
+    println!(
+        "one Deployment a SpreadPolicy governs, with its two ReplicaSets, both caches: {:.1} KiB ({:.0} MiB at N = 5000)",
+        spread_bytes / 1024.0,
+        spread_bytes * 5000.0 / (1024.0 * 1024.0)
     );
     let pod_fixture = include_str!("fixtures/pod.json");
     row(
