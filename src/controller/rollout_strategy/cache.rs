@@ -107,11 +107,22 @@ fn template_revision<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, 
 }
 
 impl CachedReplicaSet {
-    /// Applied by the watch before the cache: no managedFields, labels or annotations.
+    /// Applied by the watch before the cache: no managedFields, labels, annotations or uid
+    /// (a ReplicaSet is known by its name and its controller), and of its owner references
+    /// only the controller's, without its apiVersion. A Deployment keeps up to 10 old
+    /// ReplicaSets: these are the most numerous objects the manager caches.
     pub fn trim(&mut self) {
-        self.metadata.managed_fields = None;
-        self.metadata.labels = None;
-        self.metadata.annotations = None;
+        let m = &mut self.metadata;
+        m.managed_fields = None;
+        m.labels = None;
+        m.annotations = None;
+        m.uid = None;
+        if let Some(owners) = m.owner_references.as_mut() {
+            owners.retain(|o| o.controller == Some(true));
+            for o in owners.iter_mut() {
+                o.api_version = String::new();
+            }
+        }
     }
 }
 
@@ -173,7 +184,9 @@ mod tests {
         let v = json!({
             "apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"app": "web", "pod-template-hash": "abc"},
-                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "d1", "controller": true}]},
+                         "uid": "rs1",
+                         "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "Widget", "name": "w", "uid": "w1"},
+                                             {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "d1", "controller": true}]},
             "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
                      "template": {"metadata": {"labels": {"app": "web", "pod-template-hash": "abc"}}, "spec": {"containers": [{"name": "app", "image": "web:2"}]}}},
             "status": {"replicas": 2, "availableReplicas": 1}
@@ -199,7 +212,18 @@ mod tests {
         assert_eq!((cached.spec.replicas, cached.status.replicas), (Some(2), 2));
         assert_eq!(cached.status.available_replicas, Some(1));
         assert!(cached.metadata.labels.is_none());
-        assert_eq!(cached.owner_references().len(), 1);
+        // Its controller, which is what the controller matches it to its Deployment by.
+        let owners = cached.owner_references();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(
+            (
+                owners[0].kind.as_str(),
+                owners[0].name.as_str(),
+                owners[0].uid.as_str()
+            ),
+            ("Deployment", "web", "d1")
+        );
+        assert_eq!(cached.metadata.uid, None);
         assert_eq!(CachedReplicaSet::plural(&()), "replicasets");
         assert_eq!(CachedReplicaSet::api_version(&()), "apps/v1");
     }
