@@ -109,6 +109,8 @@ pub struct State {
     ready: super::CachesReady,
     /// Holds status writes that only move pod counts to one every few seconds.
     pacer: status::Pacer,
+    /// The status written last per policy, until the cache shows it (see [`status::Written`]).
+    written: status::Written,
     /// When each workload's last rebalancing batch went (in memory: after a restart the next
     /// batch may come sooner than `minInterval`, but never while replicas are unavailable).
     evicted: Mutex<HashMap<pods::WorkloadRef, jiff::Timestamp>>,
@@ -310,6 +312,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         nodes,
         pods,
         pacer: status::Pacer::default(),
+        written: status::Written::default(),
         evicted: Mutex::default(),
         tracker,
     });

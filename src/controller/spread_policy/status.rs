@@ -316,6 +316,47 @@ impl Pacer {
     }
 }
 
+/// The status this manager wrote last for each policy, with the resourceVersion the policy had in
+/// the cache when it was written. Until the cache shows that write, a reconcile reads the status
+/// from before it, finds it different from the one it builds, and would send the same status again:
+/// a write that changes nothing, and the Events of its transitions a second time. An entry lasts
+/// until the cache moves past it.
+#[derive(Default)]
+pub struct Written {
+    last: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, u64)>>,
+}
+
+impl Written {
+    /// Whether `status` is what was written last for `key` while the cache still shows the
+    /// policy at `cached` (the resourceVersion from before that write).
+    pub fn already(&self, key: &str, cached: Option<&str>, status: &impl serde::Serialize) -> bool {
+        let mut last = self.last.lock().expect("not poisoned");
+        match last.get(key) {
+            Some((rv, fp)) if rv.as_deref() == cached => *fp == fingerprint(status),
+            Some(_) => {
+                // The cache has caught up (or someone else wrote): decide on what it shows.
+                last.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    pub fn wrote(&self, key: &str, cached: Option<String>, status: &impl serde::Serialize) {
+        let mut last = self.last.lock().expect("not poisoned");
+        last.insert(key.to_string(), (cached, fingerprint(status)));
+    }
+}
+
+fn fingerprint(status: &impl serde::Serialize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(status)
+        .expect("a status serializes")
+        .hash(&mut h);
+    h.finish()
+}
+
 /// An Event worth publishing: (warning?, reason, note).
 pub type EventSpec = (bool, &'static str, String);
 
@@ -541,6 +582,34 @@ mod tests {
         );
         assert_eq!(pacer.wait("shop/web", t0 + DISTRIBUTION_EVERY), None);
         assert_eq!(pacer.wait("shop/other", later), None);
+    }
+
+    #[test]
+    fn a_status_just_written_is_not_written_again_until_the_cache_shows_it() {
+        let plan = Plan {
+            matched: 1,
+            applied: 1,
+            ..Default::default()
+        };
+        let a = build(&policy(), &plan, &[], Timestamp::now());
+        let mut b = a.clone();
+        b.applied = Some(0);
+        let written = Written::default();
+        assert!(
+            !written.already("shop/web", Some("10"), &a),
+            "nothing written yet"
+        );
+        written.wrote("shop/web", Some("10".into()), &a);
+        // The cache still shows resourceVersion 10: the same status is not sent again, another is.
+        assert!(written.already("shop/web", Some("10"), &a));
+        assert!(!written.already("shop/web", Some("10"), &b));
+        assert!(!written.already("shop/other", Some("10"), &a));
+        // Once the cache has moved on, what it shows decides, even for the same status.
+        assert!(!written.already("shop/web", Some("11"), &a));
+        assert!(
+            !written.already("shop/web", Some("10"), &a),
+            "the entry is gone"
+        );
     }
 
     #[test]

@@ -273,12 +273,18 @@ pub(super) async fn sync(
                 .filter(|old| status::only_distribution_changed(old, &new_status))
                 .and_then(|_| st.pacer.wait(&policy_key, Instant::now()));
         }
-        if policy.status.as_ref() != Some(&new_status) && status_due.is_none() {
+        let cached_rv = policy.metadata.resource_version.as_deref();
+        if policy.status.as_ref() != Some(&new_status)
+            && status_due.is_none()
+            && !st.written.already(&policy_key, cached_rv, &new_status)
+        {
             let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
             apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
                 .await
                 .map_err(Error::Status)?;
             st.pacer.wrote(&policy_key, Instant::now());
+            st.written
+                .wrote(&policy_key, cached_rv.map(String::from), &new_status);
             for (warning, reason, note) in
                 status::events_for(&old_conditions, &new_status.conditions)
             {
