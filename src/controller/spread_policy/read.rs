@@ -2,10 +2,11 @@
 //! changes wake it. A Deployment or StatefulSet is kept as the view decisions read
 //! ([`Cached`], a [`Workload`] made as the watch deserializes it, its string maps compact: about
 //! 1.5 KiB, 2.6 KiB with a policy's term, instead of the 6 KiB of even a stripped k8s-openapi
-//! Deployment, whose pod template is inline; see `make bench`'s `cache_cost`), nodes are stripped, and watch events that change nothing a
-//! decision reads (heartbeats of nodes, status updates of workloads whose rollout state is
-//! unchanged) are dropped before they trigger a reconcile: with thousands of workloads, their
-//! own controllers' status updates would otherwise re-plan the whole policy once each.
+//! Deployment, whose pod template is inline; see `make bench`'s `cache_cost`), nodes are
+//! stripped, and watch events that change nothing a decision reads (heartbeats of nodes, status
+//! updates of workloads whose rollout state is unchanged) are dropped before they trigger a
+//! reconcile: with thousands of workloads, their own controllers' status updates would otherwise
+//! re-plan the whole policy once each.
 
 use super::feasibility::NodeInfo;
 use super::workload::Workload;
@@ -26,8 +27,8 @@ use std::{
 
 /// What the cache keeps of a workload of kind `K` (Deployment, StatefulSet): its view
 /// ([`Workload`], with only ballast's annotations), made as the watch deserializes the object,
-/// and the name, namespace and resourceVersion the cache and the watch key it by. Nothing else of the
-/// object is kept; ballast never writes whole objects, only apply patches.
+/// and the name, namespace and resourceVersion the cache and the watch key it by. Nothing else of
+/// the object is kept; ballast never writes whole objects, only apply patches.
 #[derive(Debug)]
 pub struct Cached<K> {
     metadata: ObjectMeta,
