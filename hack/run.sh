@@ -76,6 +76,12 @@ if command -v python3 >/dev/null; then
   PATH="$STATE/bin:$PATH" python3 examples/external-engine/engine.py --port 8099 \
     >"$STATE/logs/example-engine.log" 2>&1 &
   ENGINE_PID=$!
+  # The example's Deployment is created paused for its first revision's pre webhook: an
+  # operator that called before the engine listens would fail that revision (connection refused).
+  for _ in $(seq 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/8099) 2>/dev/null && break
+    sleep 0.1
+  done
   echo "  The example engine listens on 127.0.0.1:8099 (log: $STATE/logs/example-engine.log)."
 else
   echo "  python3 not found: the example engine of examples/rollout-webhook.yaml is not started." >&2
