@@ -557,14 +557,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn distribution_only_changes_are_paced_and_others_are_not() {
+    /// The status of a policy with one workload, applied.
+    fn one_applied() -> SpreadPolicyStatus {
         let plan = Plan {
             matched: 1,
             applied: 1,
             ..Default::default()
         };
-        let a = build(&policy(), &plan, &[], Timestamp::now());
+        build(&policy(), &plan, &[], Timestamp::now())
+    }
+
+    #[test]
+    fn distribution_only_changes_are_paced_and_others_are_not() {
+        let a = one_applied();
         let mut moved = a.clone();
         moved.distribution.as_mut().unwrap().running_pods = 7;
         assert!(only_distribution_changed(&a, &moved));
@@ -586,12 +591,7 @@ mod tests {
 
     #[test]
     fn a_status_just_written_is_not_written_again_until_the_cache_shows_it() {
-        let plan = Plan {
-            matched: 1,
-            applied: 1,
-            ..Default::default()
-        };
-        let a = build(&policy(), &plan, &[], Timestamp::now());
+        let a = one_applied();
         let mut b = a.clone();
         b.applied = Some(0);
         let written = Written::default();
