@@ -331,14 +331,17 @@ pub(super) async fn sync_cluster(
                 .then(|| st.pacer.wait(&key, Instant::now()))
                 .flatten();
             let cached_rv = cp.metadata.resource_version.as_deref();
-            if status_due.is_none() && !st.written.already(&key, cached_rv, &new_status) {
+            if status_due.is_none() && !st.pacer.already(&key, cached_rv, &new_status) {
                 let api: Api<ClusterSpreadPolicy> = Api::all(st.ctx.client.clone());
                 apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
                     .await
                     .map_err(Error::Status)?;
-                st.pacer.wrote(&key, Instant::now());
-                st.written
-                    .wrote(&key, cached_rv.map(String::from), &new_status);
+                st.pacer.wrote(
+                    &key,
+                    Instant::now(),
+                    cached_rv.map(String::from),
+                    &new_status,
+                );
                 let old_conditions = old.map(|o| o.conditions.clone()).unwrap_or_default();
                 for (warning, reason, note) in
                     status::events_for(&old_conditions, &new_status.conditions)

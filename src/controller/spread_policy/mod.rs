@@ -107,10 +107,9 @@ pub struct State {
     pods: Arc<PodIndex>,
     /// Whether all of the caches above are filled.
     ready: super::CachesReady,
-    /// Holds status writes that only move pod counts to one every few seconds.
+    /// Each policy's last status write: pacing pod-count-only writes to one every few seconds,
+    /// and no second write of a status the cache does not show yet ([`status::Pacer`]).
     pacer: status::Pacer,
-    /// The status written last per policy, until the cache shows it (see [`status::Written`]).
-    written: status::Written,
     /// When each workload's last rebalancing batch went (in memory: after a restart the next
     /// batch may come sooner than `minInterval`, but never while replicas are unavailable).
     evicted: Mutex<HashMap<pods::WorkloadRef, jiff::Timestamp>>,
@@ -312,7 +311,6 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         nodes,
         pods,
         pacer: status::Pacer::default(),
-        written: status::Written::default(),
         evicted: Mutex::default(),
         tracker,
     });

@@ -290,61 +290,69 @@ pub fn only_distribution_changed(old: &SpreadPolicyStatus, new: &SpreadPolicySta
 /// How often a policy's status is written when only where its pods run changed.
 pub const DISTRIBUTION_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Holds status writes that only move pod counts to one per [`DISTRIBUTION_EVERY`] per policy,
-/// so pods coming and going (a rollout, a scale, churn) do not become a stream of status
-/// writes. Any other change is written at once. In memory: a restart writes at once.
+/// The memory of each policy's last status write, for two decisions:
+/// - pacing: status writes that only move pod counts are held to one per [`DISTRIBUTION_EVERY`]
+///   per policy, so pods coming and going (a rollout, a scale, churn) do not become a stream of
+///   status writes; any other change is written at once;
+/// - no echo: until the cache shows a write, a reconcile reads the status from before it, finds
+///   it different from the one it builds, and would send the same status again (a write that
+///   changes nothing, and the Events of its transitions a second time). The status written is
+///   remembered with the resourceVersion the cache showed then, until the cache moves past it.
+///
+/// In memory, and only for [`DISTRIBUTION_EVERY`] after a write: a restart writes at once.
 #[derive(Default)]
 pub struct Pacer {
-    last: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    last: std::sync::Mutex<std::collections::HashMap<String, LastWrite>>,
+}
+
+struct LastWrite {
+    at: std::time::Instant,
+    /// The resourceVersion the cache showed when the status was written, and a fingerprint of
+    /// that status; `None` once the cache has moved past it.
+    echo: Option<(Option<String>, u64)>,
 }
 
 impl Pacer {
     /// How long the status write of `key` must wait (`None`: write now).
     pub fn wait(&self, key: &str, now: std::time::Instant) -> Option<std::time::Duration> {
         let last = self.last.lock().expect("not poisoned");
-        let since = now.saturating_duration_since(*last.get(key)?);
+        let since = now.saturating_duration_since(last.get(key)?.at);
         DISTRIBUTION_EVERY
             .checked_sub(since)
             .filter(|d| !d.is_zero())
     }
 
-    pub fn wrote(&self, key: &str, now: std::time::Instant) {
-        let mut last = self.last.lock().expect("not poisoned");
-        // Forget what is past the window, so the map holds only recent writers.
-        last.retain(|_, t| now.saturating_duration_since(*t) < DISTRIBUTION_EVERY);
-        last.insert(key.to_string(), now);
-    }
-}
-
-/// The status this manager wrote last for each policy, with the resourceVersion the policy had in
-/// the cache when it was written. Until the cache shows that write, a reconcile reads the status
-/// from before it, finds it different from the one it builds, and would send the same status again:
-/// a write that changes nothing, and the Events of its transitions a second time. An entry lasts
-/// until the cache moves past it.
-#[derive(Default)]
-pub struct Written {
-    last: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, u64)>>,
-}
-
-impl Written {
     /// Whether `status` is what was written last for `key` while the cache still shows the
     /// policy at `cached` (the resourceVersion from before that write).
     pub fn already(&self, key: &str, cached: Option<&str>, status: &impl serde::Serialize) -> bool {
         let mut last = self.last.lock().expect("not poisoned");
-        match last.get(key) {
+        let Some(entry) = last.get_mut(key) else {
+            return false;
+        };
+        match &entry.echo {
             Some((rv, fp)) if rv.as_deref() == cached => *fp == fingerprint(status),
-            Some(_) => {
+            _ => {
                 // The cache has caught up (or someone else wrote): decide on what it shows.
-                last.remove(key);
+                entry.echo = None;
                 false
             }
-            None => false,
         }
     }
 
-    pub fn wrote(&self, key: &str, cached: Option<String>, status: &impl serde::Serialize) {
+    /// Remembers that `status` was written for `key` at `now`, while the cache showed the policy
+    /// at `cached`.
+    pub fn wrote(
+        &self,
+        key: &str,
+        now: std::time::Instant,
+        cached: Option<String>,
+        status: &impl serde::Serialize,
+    ) {
         let mut last = self.last.lock().expect("not poisoned");
-        last.insert(key.to_string(), (cached, fingerprint(status)));
+        // Forget what is past the window, so the map holds only recent writers.
+        last.retain(|_, w| now.saturating_duration_since(w.at) < DISTRIBUTION_EVERY);
+        let echo = Some((cached, fingerprint(status)));
+        last.insert(key.to_string(), LastWrite { at: now, echo });
     }
 }
 
@@ -579,7 +587,7 @@ mod tests {
         let pacer = Pacer::default();
         let t0 = std::time::Instant::now();
         assert_eq!(pacer.wait("shop/web", t0), None, "never written: now");
-        pacer.wrote("shop/web", t0);
+        pacer.wrote("shop/web", t0, None, &a);
         let later = t0 + std::time::Duration::from_secs(2);
         assert_eq!(
             pacer.wait("shop/web", later),
@@ -594,12 +602,13 @@ mod tests {
         let a = one_applied();
         let mut b = a.clone();
         b.applied = Some(0);
-        let written = Written::default();
+        let written = Pacer::default();
         assert!(
             !written.already("shop/web", Some("10"), &a),
             "nothing written yet"
         );
-        written.wrote("shop/web", Some("10".into()), &a);
+        let t0 = std::time::Instant::now();
+        written.wrote("shop/web", t0, Some("10".into()), &a);
         // The cache still shows resourceVersion 10: the same status is not sent again, another is.
         assert!(written.already("shop/web", Some("10"), &a));
         assert!(!written.already("shop/web", Some("10"), &b));
@@ -610,6 +619,11 @@ mod tests {
             !written.already("shop/web", Some("10"), &a),
             "the entry is gone"
         );
+        // It lasts as long as the pacing window: deleted policies leave nothing behind.
+        written.wrote("shop/web", t0, Some("12".into()), &a);
+        assert!(written.already("shop/web", Some("12"), &a));
+        written.wrote("shop/other", t0 + DISTRIBUTION_EVERY, None, &b);
+        assert!(!written.already("shop/web", Some("12"), &a));
     }
 
     #[test]

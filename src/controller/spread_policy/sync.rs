@@ -276,15 +276,18 @@ pub(super) async fn sync(
         let cached_rv = policy.metadata.resource_version.as_deref();
         if policy.status.as_ref() != Some(&new_status)
             && status_due.is_none()
-            && !st.written.already(&policy_key, cached_rv, &new_status)
+            && !st.pacer.already(&policy_key, cached_rv, &new_status)
         {
             let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
             apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
                 .await
                 .map_err(Error::Status)?;
-            st.pacer.wrote(&policy_key, Instant::now());
-            st.written
-                .wrote(&policy_key, cached_rv.map(String::from), &new_status);
+            st.pacer.wrote(
+                &policy_key,
+                Instant::now(),
+                cached_rv.map(String::from),
+                &new_status,
+            );
             for (warning, reason, note) in
                 status::events_for(&old_conditions, &new_status.conditions)
             {
