@@ -356,12 +356,19 @@ impl Pacer {
     }
 }
 
+/// A hash of `status` without its conditions' transition times. A reconcile on a cache that
+/// does not show our last write builds the same transition again, stamped with its own `now`:
+/// the status is the one written, and the API server keeps the first write's time.
 fn fingerprint(status: &impl serde::Serialize) -> u64 {
     use std::hash::{Hash, Hasher};
+    let mut v = serde_json::to_value(status).expect("a status serializes");
+    if let Some(conditions) = v.get_mut("conditions").and_then(|c| c.as_array_mut()) {
+        for c in conditions.iter_mut().filter_map(|c| c.as_object_mut()) {
+            c.remove("lastTransitionTime");
+        }
+    }
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_vec(status)
-        .expect("a status serializes")
-        .hash(&mut h);
+    v.to_string().hash(&mut h);
     h.finish()
 }
 
@@ -619,6 +626,14 @@ mod tests {
             !written.already("shop/web", Some("10"), &a),
             "the entry is gone"
         );
+        // Built again on the same stale cache, a transition carries a later time: the same status.
+        let mut later = a.clone();
+        later.conditions[0].last_transition_time =
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now() + jiff::SignedDuration::from_secs(2),
+            );
+        written.wrote("shop/web", t0, Some("13".into()), &a);
+        assert!(written.already("shop/web", Some("13"), &later));
         // It lasts as long as the pacing window: deleted policies leave nothing behind.
         written.wrote("shop/web", t0, Some("12".into()), &a);
         assert!(written.already("shop/web", Some("12"), &a));
