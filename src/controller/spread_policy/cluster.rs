@@ -333,13 +333,13 @@ pub(super) async fn sync_cluster(
             let cached_rv = cp.metadata.resource_version.as_deref();
             if status_due.is_none() && !st.pacer.already(&key, cached_rv, &new_status) {
                 let api: Api<ClusterSpreadPolicy> = Api::all(st.ctx.client.clone());
-                apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
+                let written = apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
                     .await
                     .map_err(Error::Status)?;
                 st.pacer.wrote(
                     &key,
                     Instant::now(),
-                    cached_rv.map(String::from),
+                    written.metadata.resource_version.as_deref(),
                     &new_status,
                 );
                 let old_conditions = old.map(|o| o.conditions.clone()).unwrap_or_default();

@@ -297,7 +297,7 @@ pub const DISTRIBUTION_EVERY: std::time::Duration = std::time::Duration::from_se
 /// - no echo: until the cache shows a write, a reconcile reads the status from before it, finds
 ///   it different from the one it builds, and would send the same status again (a write that
 ///   changes nothing, and the Events of its transitions a second time). The status written is
-///   remembered with the resourceVersion the cache showed then, until the cache moves past it.
+///   remembered with the resourceVersion the write was answered with, until the cache shows it.
 ///
 /// In memory, and only for [`DISTRIBUTION_EVERY`] after a write: a restart writes at once.
 #[derive(Default)]
@@ -307,9 +307,9 @@ pub struct Pacer {
 
 struct LastWrite {
     at: std::time::Instant,
-    /// The resourceVersion the cache showed when the status was written, and a fingerprint of
-    /// that status; `None` once the cache has moved past it.
-    echo: Option<(Option<String>, u64)>,
+    /// The resourceVersion the write was answered with, and a fingerprint of the status
+    /// written; `None` once the cache has caught up with it.
+    echo: Option<(u64, u64)>,
 }
 
 impl Pacer {
@@ -322,15 +322,19 @@ impl Pacer {
             .filter(|d| !d.is_zero())
     }
 
-    /// Whether `status` is what was written last for `key` while the cache still shows the
-    /// policy at `cached` (the resourceVersion from before that write).
+    /// Whether `status` is what was written last for `key` while the cache, showing the policy at
+    /// `cached`, is still behind that write: older than the resourceVersion it was answered with.
+    /// (Behind our first write or our second alike: comparing with the version before the write
+    /// took a cache that showed the first of two quick writes for caught up.) A resourceVersion
+    /// that is not a number (etcd's are; the API makes no promise) compares nothing.
     pub fn already(&self, key: &str, cached: Option<&str>, status: &impl serde::Serialize) -> bool {
         let mut last = self.last.lock().expect("not poisoned");
         let Some(entry) = last.get_mut(key) else {
             return false;
         };
-        match &entry.echo {
-            Some((rv, fp)) if rv.as_deref() == cached => *fp == fingerprint(status),
+        let behind = |answered: u64| cached.and_then(version).is_some_and(|c| c < answered);
+        match entry.echo {
+            Some((answered, fp)) if behind(answered) => fp == fingerprint(status),
             _ => {
                 // The cache has caught up (or someone else wrote): decide on what it shows.
                 entry.echo = None;
@@ -339,21 +343,25 @@ impl Pacer {
         }
     }
 
-    /// Remembers that `status` was written for `key` at `now`, while the cache showed the policy
-    /// at `cached`.
+    /// Remembers that `status` was written for `key` at `now`, and the API server answered with
+    /// resourceVersion `answered`.
     pub fn wrote(
         &self,
         key: &str,
         now: std::time::Instant,
-        cached: Option<String>,
+        answered: Option<&str>,
         status: &impl serde::Serialize,
     ) {
         let mut last = self.last.lock().expect("not poisoned");
         // Forget what is past the window, so the map holds only recent writers.
         last.retain(|_, w| now.saturating_duration_since(w.at) < DISTRIBUTION_EVERY);
-        let echo = Some((cached, fingerprint(status)));
+        let echo = answered.and_then(version).map(|v| (v, fingerprint(status)));
         last.insert(key.to_string(), LastWrite { at: now, echo });
     }
+}
+
+fn version(rv: &str) -> Option<u64> {
+    rv.parse().ok()
 }
 
 /// A hash of `status` without its conditions' transition times. A reconcile on a cache that
@@ -615,15 +623,18 @@ mod tests {
             "nothing written yet"
         );
         let t0 = std::time::Instant::now();
-        written.wrote("shop/web", t0, Some("10".into()), &a);
+        written.wrote("shop/web", t0, Some("11"), &a);
         // The cache still shows resourceVersion 10: the same status is not sent again, another is.
         assert!(written.already("shop/web", Some("10"), &a));
         assert!(!written.already("shop/web", Some("10"), &b));
         assert!(!written.already("shop/other", Some("10"), &a));
-        // Once the cache has moved on, what it shows decides, even for the same status.
-        assert!(!written.already("shop/web", Some("11"), &a));
+        // Two quick writes: a cache that shows the first is still behind the second.
+        written.wrote("shop/web", t0, Some("12"), &b);
+        assert!(written.already("shop/web", Some("11"), &b));
+        // Once the cache has caught up, what it shows decides, even for the same status.
+        assert!(!written.already("shop/web", Some("12"), &b));
         assert!(
-            !written.already("shop/web", Some("10"), &a),
+            !written.already("shop/web", Some("11"), &b),
             "the entry is gone"
         );
         // Built again on the same stale cache, a transition carries a later time: the same status.
@@ -632,13 +643,15 @@ mod tests {
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 Timestamp::now() + jiff::SignedDuration::from_secs(2),
             );
-        written.wrote("shop/web", t0, Some("13".into()), &a);
-        assert!(written.already("shop/web", Some("13"), &later));
+        written.wrote("shop/web", t0, Some("13"), &a);
+        assert!(written.already("shop/web", Some("12"), &later));
+        // A resourceVersion that is not a number compares nothing.
+        assert!(!written.already("shop/web", Some("x"), &a));
         // It lasts as long as the pacing window: deleted policies leave nothing behind.
-        written.wrote("shop/web", t0, Some("12".into()), &a);
-        assert!(written.already("shop/web", Some("12"), &a));
+        written.wrote("shop/web", t0, Some("14"), &a);
+        assert!(written.already("shop/web", Some("13"), &a));
         written.wrote("shop/other", t0 + DISTRIBUTION_EVERY, None, &b);
-        assert!(!written.already("shop/web", Some("12"), &a));
+        assert!(!written.already("shop/web", Some("13"), &a));
     }
 
     #[test]

@@ -279,13 +279,13 @@ pub(super) async fn sync(
             && !st.pacer.already(&policy_key, cached_rv, &new_status)
         {
             let api: Api<SpreadPolicy> = Api::namespaced(st.ctx.client.clone(), &ns);
-            apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
+            let written = apply::apply_status(&api, SPREAD_POLICY_MANAGER, &name, &new_status)
                 .await
                 .map_err(Error::Status)?;
             st.pacer.wrote(
                 &policy_key,
                 Instant::now(),
-                cached_rv.map(String::from),
+                written.metadata.resource_version.as_deref(),
                 &new_status,
             );
             for (warning, reason, note) in
