@@ -192,9 +192,9 @@ async fn create_deployments(api: &Api<Deployment>, n: usize, c: usize) -> Result
         .collect::<Result<Vec<_>>>()?;
     Ok(stream::iter(objects)
         .map(|o| async move {
-            // A freshly started API server can still refuse a create for a few seconds with
-            // "paramKind … not yet synced" (the revision gate's param informer) after the
-            // probe of `admission_synced` passed: retry that, and only that.
+            // `admission_synced` waits for the gate to be in force; should an API server still
+            // refuse a create with "paramKind … not yet synced" (the revision gate's param
+            // informer) after that, retry that, and only that.
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 match api.create(&PostParams::default(), &o).await {

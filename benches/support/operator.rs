@@ -4,6 +4,7 @@
 //! `cluster_spread` and `cluster_rollout`.
 
 use anyhow::{Context, Result, bail, ensure};
+use ballast::api::RolloutStrategy;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
@@ -75,17 +76,38 @@ pub fn operator_kubeconfig(kubectl: &Kubectl, dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Waits until the API server admits Deployments again after config/default was applied: its
-/// admission policies refuse every Deployment write until their param kind is synced.
+/// Waits until the revision gate of config/default is in force: its admission policies refuse
+/// every Deployment write while their param kind is not synced ("paramKind … not yet synced"),
+/// and a write made before the API server has loaded the policies at all passes untouched, so
+/// a probe that merely passes proves nothing on a fresh cluster. The probe is a dry-run create
+/// of a Deployment that a RolloutStrategy with a pre hook governs (in `default`, removed after):
+/// it must come back paused and labelled by the gate.
 pub async fn admission_synced(client: &Client) -> Result<()> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    const PROBE: &str = "bench-admission-probe";
+    let ns = "default";
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let strategies: Api<RolloutStrategy> = Api::namespaced(client.clone(), ns);
+    let strategy: RolloutStrategy = serde_json::from_value(json!({
+        "apiVersion": "ballast.dev/v1alpha1", "kind": "RolloutStrategy",
+        "metadata": {"name": PROBE},
+        "spec": {
+            "targetRef": {"name": PROBE},
+            "pre": [{"name": "probe", "container": {"from": "app", "command": ["true"]}}],
+        },
+    }))?;
+    match strategies.create(&PostParams::default(), &strategy).await {
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        r => {
+            r.context("the admission probe's RolloutStrategy")?;
+        }
+    }
     let dry = PostParams {
         dry_run: true,
         ..Default::default()
     };
     let probe: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "bench-admission-probe"},
+        "metadata": {"name": PROBE},
         "spec": {
             "replicas": 0,
             "selector": {"matchLabels": {"app": "probe"}},
@@ -96,16 +118,24 @@ pub async fn admission_synced(client: &Client) -> Result<()> {
         },
     }))?;
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match api.create(&dry, &probe).await {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("[bench] waiting for admission to take up config/default: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+    let result = loop {
+        let why = match deployments.create(&dry, &probe).await {
+            Ok(d) if d.spec.as_ref().and_then(|s| s.paused) == Some(true) => break Ok(()),
+            Ok(_) => {
+                "the probe was admitted but not paused: the gate is not loaded yet".to_string()
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            break Err(anyhow::anyhow!(
+                "the revision gate of config/default did not take effect in 60 s: {why}"
+            ));
         }
-    }
+        eprintln!("[bench] waiting for admission to take up config/default: {why}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let _ = strategies.delete(PROBE, &Default::default()).await;
+    result
 }
 
 /// The operator binary of this build (release), watching one namespace. Stopped when dropped.
