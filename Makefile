@@ -38,7 +38,9 @@ bench: ## Run the benchmarks that need no cluster
 	$(CARGO) bench --bench cache_cost
 
 # The cluster benchmarks, in this order: each runs even when one before it failed, and the target
-# fails if any did. `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.
+# fails if any did. All of them are built first, in one cargo run: their crates compile side by
+# side, and no build lands between two benches' measurements.
+# `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.
 CLUSTER_BENCHES ?= cluster_spread cluster_admission cluster_rollout cluster_scheduler
 
 # The cluster is the one hack/test.sh uses (BALLAST_CLUSTER_DIR, else .cluster/); it stays up.
@@ -47,6 +49,7 @@ bench-cluster: ## Cluster benchmarks against the local control plane (starts it 
 	hack/build-cluster.sh
 	state="$${BALLAST_CLUSTER_DIR:-$(CLUSTER_DIR)}"; \
 	  BALLAST_CLUSTER_DIR="$$state" hack/cluster-up.sh && \
+	  $(CARGO) bench --no-run $(foreach b,$(CLUSTER_BENCHES) plots,--bench $(b)) && \
 	  failed=""; \
 	  for b in $(CLUSTER_BENCHES); do \
 	    KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" $(CARGO) bench --bench "$$b" || failed="$$failed $$b"; \
