@@ -8,7 +8,7 @@
 //! - A controller that stops, or a watch failing for longer than `--watch-stale-seconds`:
 //!   `/healthz` fails (kubelet restarts the pod), and a quarter of that limit later the manager
 //!   shuts down as on SIGTERM and exits 1, so that nothing runs wedged where no probe watches.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use anyhow::Context as _;
 use ballast::{
@@ -83,8 +83,33 @@ struct Args {
     webhook_allowed_hosts: Vec<String>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    one_malloc_arena();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+/// glibc's malloc gives each thread that allocates an arena of its own (up to 8 per core), and
+/// memory freed in one arena is not reused by another: after a fan-out the manager kept twice
+/// its live heap (docs/performance.md, "Where the memory goes"). One arena for every thread
+/// cut the peak RSS of a fan-out at N = 5000 from 70–81 MiB to 60 MiB at the same speed. Set
+/// here, before any thread exists, so that `MALLOC_ARENA_MAX` need not be set for the process.
+/// musl (the container image) has no per-thread arenas.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn one_malloc_arena() {
+    // SAFETY: mallopt only sets a malloc parameter; it is called before the runtime's threads
+    // are started, and its result (0 when refused) only means the default stays.
+    let _ = unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn one_malloc_arena() {}
+
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init(args.log_format);
 
