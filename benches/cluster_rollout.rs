@@ -23,7 +23,11 @@
 //!   namespace, the governed one under a RolloutStrategy without hooks. Time from the template
 //!   change (the PATCH sent) until the bench's watch sees the rollout complete: observedGeneration
 //!   current, not paused, updated = available = replicas = 10, every older ReplicaSet at 0 (spec
-//!   and status). Alternating plain/governed (ABBA), the median of each.
+//!   and status). Alternating plain/governed (ABBA), the median of each. Twice: first with P5's
+//!   strategies still in the governed namespace (reported: the revision gate's policies
+//!   evaluate each governed Deployment write once per strategy of its namespace, and the row
+//!   shows what that costs, with the API server's count of those evaluations), then, once they
+//!   are deleted, with the P6 strategy alone (judged, as the issue states P6).
 //! - **P8**: the operator's own `ballast_api_requests_total` (watches and its Lease left out)
 //!   from before the first governed phase until it has been quiet after the last, divided by the
 //!   governed revisions, for P5 and P6 separately.
@@ -771,6 +775,63 @@ async fn rollout(obs: &Observer, client: &Client, ns: &str, governed: bool, k: u
     Ok(secs)
 }
 
+/// One set of P6 rollouts, in ABBA pairs (plain, governed, governed, plain, ...), revisions
+/// from `k0` on.
+struct P6Set {
+    plain: Vec<f64>,
+    governed: Vec<f64>,
+    admission_evaluations: f64,
+}
+
+async fn p6_set(
+    obs: &Observer,
+    client: &Client,
+    ns_floor: &str,
+    ns_ballast: &str,
+    rollouts: usize,
+    k0: u32,
+) -> Result<P6Set> {
+    let evaluations0 = admission_evaluations(client).await?;
+    let (mut plain, mut governed) = (Vec::new(), Vec::new());
+    for i in 0..rollouts {
+        let k = k0 + i as u32;
+        let order = if i % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for g in order {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let ns = if g { ns_ballast } else { ns_floor };
+            let secs = rollout(obs, client, ns, g, k).await?;
+            if g {
+                governed.push(secs);
+            } else {
+                plain.push(secs);
+            }
+        }
+    }
+    Ok(P6Set {
+        plain,
+        governed,
+        admission_evaluations: admission_evaluations(client).await? - evaluations0,
+    })
+}
+
+/// How many times the API server has evaluated the match conditions of ballast's admission
+/// policies (the revision gate and the hold) so far: once per strategy a binding selects, for
+/// each Deployment write it matches. From the API server's own `/metrics`.
+async fn admission_evaluations(client: &Client) -> Result<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_admission_match_condition_evaluation_seconds_count{"))
+        .filter(|l| l.contains("revision-gate\"") || l.contains("revision-hold\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
 /// The results of one run.
 #[derive(Debug, serde::Serialize)]
 struct Measured {
@@ -779,8 +840,16 @@ struct Measured {
     hooks: Vec<Hook>,
     /// The RolloutStrategy controller's reconciles and errors over the P5 phases.
     hook_counters: BTreeMap<String, f64>,
+    /// P6 with its strategy alone in the governed namespace (judged).
     rollout_plain_secs: Vec<f64>,
     rollout_governed_secs: Vec<f64>,
+    /// The API server's evaluations of the gate's and the hold's match conditions over that set.
+    rollout_admission_evaluations: f64,
+    /// P6 with P5's strategies still there: this many strategies in the namespace (reported).
+    crowded_strategies: usize,
+    crowded_plain_secs: Vec<f64>,
+    crowded_governed_secs: Vec<f64>,
+    crowded_admission_evaluations: f64,
     hook_revisions: usize,
     hook_requests: u64,
     hook_requests_by_kind: BTreeMap<String, u64>,
@@ -931,29 +1000,37 @@ async fn measure(
             .sum()
     };
 
-    // P6, ABBA pairs: plain, governed, governed, plain, ...
-    let before = after;
-    let cpu0 = operator.cpu_secs()?;
-    let mut rollout_plain_secs = Vec::new();
-    let mut rollout_governed_secs = Vec::new();
-    for i in 0..s.rollouts {
-        let k = 1 + i as u32;
-        let order = if i % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for governed in order {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let ns = if governed { &ns_ballast } else { &ns_floor };
-            let secs = rollout(&obs, client, ns, governed, k).await?;
-            if governed {
-                rollout_governed_secs.push(secs);
-            } else {
-                rollout_plain_secs.push(secs);
-            }
-        }
+    // P6, twice. First with P5's strategies still in the governed namespace: the revision
+    // gate's policies evaluate every write of a governed Deployment once per strategy of its
+    // namespace (config/admission), so this shows what they cost; reported, not judged. Then
+    // with the P6 strategy alone, as the issue states P6: judged.
+    let crowded = p6_set(&obs, client, &ns_floor, &ns_ballast, s.rollouts, 1).await?;
+    for (name, _) in objects.iter().filter(|(n, _)| n != ROLLOUT) {
+        strategies.delete(name, &Default::default()).await?;
     }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = strategies.list_metadata(&Default::default()).await?.items.len();
+        if left == 1 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "P5's strategies not gone after 2 minutes ({left} strategies left in {ns_ballast})"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = operator.settle(s.quiet).await?;
+    let cpu0 = operator.cpu_secs()?;
+    let alone = p6_set(
+        &obs,
+        client,
+        &ns_floor,
+        &ns_ballast,
+        s.rollouts,
+        1 + s.rollouts as u32,
+    )
+    .await?;
     let after = operator.settle(s.quiet).await?;
     let operator_cpu_secs_rollouts = operator.cpu_secs()? - cpu0;
     let (rollout_requests, rollout_requests_by_kind) = requests_but_watches(&after.since(&before));
@@ -966,8 +1043,13 @@ async fn measure(
         hook_ballast_ms,
         hooks,
         hook_counters,
-        rollout_plain_secs,
-        rollout_governed_secs,
+        rollout_plain_secs: alone.plain,
+        rollout_governed_secs: alone.governed,
+        rollout_admission_evaluations: alone.admission_evaluations,
+        crowded_strategies: objects.len(),
+        crowded_plain_secs: crowded.plain,
+        crowded_governed_secs: crowded.governed,
+        crowded_admission_evaluations: crowded.admission_evaluations,
         hook_revisions,
         hook_requests,
         hook_requests_by_kind,
@@ -1050,6 +1132,39 @@ fn rows(m: &Measured) -> Vec<Row> {
         goal: "≤ 1.05× floor".into(),
         pass: Some(g / p <= 1.05),
     });
+    let (p, g) = (
+        median(&m.crowded_plain_secs),
+        median(&m.crowded_governed_secs),
+    );
+    rows.push(Row {
+        id: "P6",
+        measure: format!(
+            "the same with {} strategies in the namespace (P5's), median s",
+            m.crowded_strategies
+        ),
+        floor: format!("{p:.2}"),
+        ballast: format!("{g:.2}"),
+        ratio: format!("{:.2}", g / p),
+        goal: String::new(),
+        pass: None,
+    });
+    let per = |evaluations: f64, revisions: usize| evaluations / revisions.max(1) as f64;
+    rows.push(Row {
+        id: "P6",
+        measure: format!(
+            "admission policy evaluations per governed revision, alone / with {}",
+            m.crowded_strategies
+        ),
+        floor: String::new(),
+        ballast: format!(
+            "{:.0} / {:.0}",
+            per(m.rollout_admission_evaluations, m.rollout_governed_secs.len()),
+            per(m.crowded_admission_evaluations, m.crowded_governed_secs.len())
+        ),
+        ratio: String::new(),
+        goal: String::new(),
+        pass: None,
+    });
     let per = m.hook_requests as f64 / m.hook_revisions as f64;
     rows.push(Row {
         id: "P8",
@@ -1088,18 +1203,20 @@ async fn run(s: &Settings) -> Result<()> {
     let m = measure(s, &client, &kubectl, &operator_kubeconfig, &dir).await?;
     let rows = rows(&m);
     print_table(&rows);
+    let cs = |v: &[f64]| {
+        v.iter()
+            .map(|v| (v * 100.0).round() / 100.0)
+            .collect::<Vec<_>>()
+    };
     println!(
-        "P5 max ms: floor {:.1}, ballast {:.1}; P6 each, s: plain {:?}, governed {:?}",
+        "P5 max ms: floor {:.1}, ballast {:.1}; P6 each, s: plain {:?}, governed {:?}; with {} strategies: plain {:?}, governed {:?}",
         m.hook_floor_ms.iter().copied().fold(0.0, f64::max),
         m.hook_ballast_ms.iter().copied().fold(0.0, f64::max),
-        m.rollout_plain_secs
-            .iter()
-            .map(|v| (v * 100.0).round() / 100.0)
-            .collect::<Vec<_>>(),
-        m.rollout_governed_secs
-            .iter()
-            .map(|v| (v * 100.0).round() / 100.0)
-            .collect::<Vec<_>>(),
+        cs(&m.rollout_plain_secs),
+        cs(&m.rollout_governed_secs),
+        m.crowded_strategies,
+        cs(&m.crowded_plain_secs),
+        cs(&m.crowded_governed_secs),
     );
     let mut slow: Vec<&Hook> = m.hooks.iter().filter(|h| h.ballast).collect();
     slow.sort_by(|a, b| b.ms.total_cmp(&a.ms));
