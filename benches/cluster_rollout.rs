@@ -26,7 +26,8 @@
 //!   and status). Alternating plain/governed (ABBA), the median of each. Twice: first with P5's
 //!   strategies still in the governed namespace (reported: the revision gate's policies
 //!   evaluate each governed Deployment write once per strategy of its namespace, and the row
-//!   shows what that costs, with the API server's count of those evaluations), then, once they
+//!   shows what that costs, with the API server's count of those evaluations for strategies
+//!   not the Deployment's own), then, once they
 //!   are deleted, with the P6 strategy alone (judged, as the issue states P6).
 //! - **P8**: the operator's own `ballast_api_requests_total` (watches and its Lease left out)
 //!   from before the first governed phase until it has been quiet after the last, divided by the
@@ -494,43 +495,17 @@ impl FloorController {
     }
 }
 
-/// Stops the operator, drops the strategies' finalizers and deletes the namespaces when dropped.
+/// Stops the operator and deletes the namespaces (the strategies' finalizers dropped) when
+/// dropped.
 struct Cleanup {
     kubectl: Kubectl,
     namespaces: Vec<String>,
-    governed: String,
     operator: Option<Operator>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         drop(self.operator.take());
-        if let Ok(names) = self.kubectl.run(
-            &[
-                "get",
-                "rolloutstrategies",
-                "-n",
-                &self.governed,
-                "-o",
-                "name",
-            ],
-            None,
-        ) {
-            for name in names.lines().filter(|l| !l.is_empty()) {
-                let _ = self.kubectl.run(
-                    &[
-                        "patch",
-                        "-n",
-                        &self.governed,
-                        name,
-                        "--type=merge",
-                        "-p",
-                        r#"{"metadata":{"finalizers":null}}"#,
-                    ],
-                    None,
-                );
-            }
-        }
         support::delete_namespaces(&self.kubectl, &self.namespaces, "600s");
     }
 }
@@ -819,8 +794,10 @@ async fn p6_set(
 }
 
 /// How many times the API server has evaluated the match conditions of ballast's admission
-/// policies (the revision gate and the hold) so far: once per strategy a binding selects, for
-/// each Deployment write it matches. From the API server's own `/metrics`.
+/// policies (the revision gate and the hold) so far with a strategy that does not govern the
+/// Deployment written: it evaluates them once per strategy a binding selects, for each write,
+/// and counts only the evaluations that do not match (`admission_match_condition_evaluation_
+/// seconds`). From the API server's own `/metrics`.
 async fn admission_evaluations(client: &Client) -> Result<f64> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
@@ -843,7 +820,8 @@ struct Measured {
     /// P6 with its strategy alone in the governed namespace (judged).
     rollout_plain_secs: Vec<f64>,
     rollout_governed_secs: Vec<f64>,
-    /// The API server's evaluations of the gate's and the hold's match conditions over that set.
+    /// The API server's evaluations of the gate's and the hold's match conditions over that set,
+    /// with strategies that do not govern the Deployment ([`admission_evaluations`]).
     rollout_admission_evaluations: f64,
     /// P6 with P5's strategies still there: this many strategies in the namespace (reported).
     crowded_strategies: usize,
@@ -875,7 +853,6 @@ async fn measure(
     let mut cleanup = Cleanup {
         kubectl: kubectl.clone(),
         namespaces: vec![ns_floor.clone(), ns_ballast.clone()],
-        governed: ns_ballast.clone(),
         operator: None,
     };
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -1010,7 +987,11 @@ async fn measure(
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let left = strategies.list_metadata(&Default::default()).await?.items.len();
+        let left = strategies
+            .list_metadata(&Default::default())
+            .await?
+            .items
+            .len();
         if left == 1 {
             break;
         }
@@ -1152,7 +1133,7 @@ fn rows(m: &Measured) -> Vec<Row> {
     rows.push(Row {
         id: "P6",
         measure: format!(
-            "admission policy evaluations per governed revision, alone / with {}",
+            "admission evaluations for strategies not its own, per governed revision, alone / with {}",
             m.crowded_strategies
         ),
         floor: String::new(),

@@ -214,7 +214,7 @@ async fn create_deployments(api: &Api<Deployment>, n: usize, c: usize) -> Result
         .await?)
 }
 
-/// Stops the operator, drops the policy's finalizer and deletes the namespaces when dropped.
+/// Stops the operator and deletes the namespaces (the policy's finalizer dropped) when dropped.
 struct Cleanup {
     kubectl: Kubectl,
     namespaces: Vec<String>,
@@ -225,20 +225,6 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         // First the operator: with it gone, nothing takes the terms out again.
         drop(self.operator.take());
-        for ns in &self.namespaces {
-            let _ = self.kubectl.run(
-                &[
-                    "patch",
-                    "-n",
-                    ns,
-                    &format!("spreadpolicy/{POLICY}"),
-                    "--type=merge",
-                    "-p",
-                    r#"{"metadata":{"finalizers":null}}"#,
-                ],
-                None,
-            );
-        }
         support::delete_namespaces(&self.kubectl, &self.namespaces, "600s");
     }
 }

@@ -114,9 +114,32 @@ pub async fn create_namespace(client: &Client, name: &str, bench: &str) -> Resul
 }
 
 /// Deletes `names` (namespaces), waiting up to `timeout` (e.g. `"300s"`), and says how it went:
-/// for the benches' cleanup guards, which must not fail.
+/// for the benches' cleanup guards, which must not fail. The operators are stopped by then, so
+/// ballast's finalizers on the RolloutStrategies and SpreadPolicies in them are dropped first:
+/// nobody else would, and the namespaces would stay Terminating.
 pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
     let start = Instant::now();
+    for ns in names {
+        for kind in ["rolloutstrategies", "spreadpolicies"] {
+            let Ok(objects) = kubectl.run(&["get", kind, "-n", ns, "-o", "name"], None) else {
+                continue;
+            };
+            for name in objects.lines().filter(|l| !l.is_empty()) {
+                let _ = kubectl.run(
+                    &[
+                        "patch",
+                        "-n",
+                        ns,
+                        name,
+                        "--type=merge",
+                        "-p",
+                        r#"{"metadata":{"finalizers":null}}"#,
+                    ],
+                    None,
+                );
+            }
+        }
+    }
     let timeout = format!("--timeout={timeout}");
     let mut args = vec!["delete", "namespace", "--ignore-not-found", &timeout];
     args.extend(names.iter().map(String::as_str));
