@@ -102,7 +102,8 @@ fn main() -> anyhow::Result<()> {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn one_malloc_arena() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || std::env::var_os("GLIBC_TUNABLES").is_some()
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some()
+        || std::env::var_os("GLIBC_TUNABLES").is_some()
     {
         return;
     }
