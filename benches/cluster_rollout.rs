@@ -27,8 +27,8 @@
 //!   strategies still in the governed namespace (reported: the revision gate's policies
 //!   evaluate each governed Deployment write once per strategy of its namespace, and the row
 //!   shows what that costs, with the API server's count of those evaluations for strategies
-//!   not the Deployment's own), then, once they
-//!   are deleted, with the P6 strategy alone (judged, as the issue states P6).
+//!   not the Deployment's own), then, once they are deleted, with the P6 strategy alone
+//!   (judged, as the issue states P6).
 //! - **P8**: the operator's own `ballast_api_requests_total` (watches and its Lease left out)
 //!   from before the first governed phase until it has been quiet after the last, divided by the
 //!   governed revisions, for P5 and P6 separately.
