@@ -377,6 +377,12 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
             Some("true"),
             "{image}: labelled by the gate"
         );
+        // And in the phase the manager will take it up in, which binds the revision hold.
+        assert_eq!(
+            d.labels().get("ballast.dev/rollout-phase").map(String::as_str),
+            Some("PreHook"),
+            "{image}: labelled PreHook by the gate"
+        );
     }
     // No ReplicaSet of either new template: both wait for the operator.
     let rss: kube::Api<ReplicaSet> = kube::Api::namespaced(c.client.clone(), &ns.name);
@@ -409,6 +415,10 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
             d.spec.as_ref().unwrap().paused == Some(true),
             held,
             "{name} ({strategy}): paused by the gate"
+        );
+        assert!(
+            !d.labels().contains_key("ballast.dev/rollout-phase"),
+            "{name}: no pre hooks, so no PreHook label from the gate"
         );
     }
 }
