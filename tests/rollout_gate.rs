@@ -379,7 +379,9 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
         );
         // And in the phase the manager will take it up in, which binds the revision hold.
         assert_eq!(
-            d.labels().get("ballast.dev/rollout-phase").map(String::as_str),
+            d.labels()
+                .get("ballast.dev/rollout-phase")
+                .map(String::as_str),
             Some("PreHook"),
             "{image}: labelled PreHook by the gate"
         );
