@@ -12,3 +12,10 @@ pub mod lenient;
 pub const SPREAD_POLICY_MANAGER: &str = "ballast.dev/spread-policy";
 /// Field manager of every write the RolloutStrategy controller makes.
 pub const ROLLOUT_STRATEGY_MANAGER: &str = "ballast.dev/rollout-strategy";
+
+/// A resourceVersion as a number, to tell which of two versions of one object is newer: etcd's
+/// are numbers, but the API makes no promise, so one that is not compares nothing (`None`).
+/// Both controllers remember the version their own writes were answered with this way.
+pub fn version_number(rv: &str) -> Option<u64> {
+    rv.parse().ok()
+}

@@ -16,6 +16,7 @@
 //! change is the same as its watch event coming a moment later, which every decision allows for
 //! (see `sync` in the module above).
 
+use crate::k8s::version_number;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -57,16 +58,12 @@ pub struct Expectations {
     wants: Mutex<HashMap<Key, (Want, Instant)>>,
 }
 
-fn version(rv: &str) -> Option<u64> {
-    rv.parse().ok()
-}
-
 impl Expectations {
     /// Records our write of `key`, answered with `rv`. A version that is not a number leaves
     /// nothing to compare: the object's next decision reads it afresh.
     pub fn wrote(&self, key: Key, rv: Option<&str>) {
         let mut wants = self.wants.lock().unwrap_or_else(|p| p.into_inner());
-        match rv.and_then(version) {
+        match rv.and_then(version_number) {
             Some(v) => {
                 wants.insert(key, (Want::AtLeast(v), Instant::now()));
             }
@@ -94,7 +91,7 @@ impl Expectations {
         let shown = match (want, cached) {
             (Want::Gone, None) => Some(true),
             (Want::Gone, Some(_)) | (Want::AtLeast(_), None) => Some(false),
-            (Want::AtLeast(v), Some(rv)) => version(rv).map(|c| c >= v),
+            (Want::AtLeast(v), Some(rv)) => version_number(rv).map(|c| c >= v),
         };
         match shown {
             Some(true) if known => {

@@ -10,6 +10,7 @@ use crate::api::common::{
 };
 use crate::api::spread_policy::{SpreadPolicy, SpreadPolicyStatus};
 use crate::k8s::conditions::{Status, find, set_condition};
+use crate::k8s::version_number;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
@@ -332,7 +333,11 @@ impl Pacer {
         let Some(entry) = last.get_mut(key) else {
             return false;
         };
-        let behind = |answered: u64| cached.and_then(version).is_some_and(|c| c < answered);
+        let behind = |answered: u64| {
+            cached
+                .and_then(version_number)
+                .is_some_and(|c| c < answered)
+        };
         match entry.echo {
             Some((answered, fp)) if behind(answered) => fp == fingerprint(status),
             _ => {
@@ -355,13 +360,11 @@ impl Pacer {
         let mut last = self.last.lock().expect("not poisoned");
         // Forget what is past the window, so the map holds only recent writers.
         last.retain(|_, w| now.saturating_duration_since(w.at) < DISTRIBUTION_EVERY);
-        let echo = answered.and_then(version).map(|v| (v, fingerprint(status)));
+        let echo = answered
+            .and_then(version_number)
+            .map(|v| (v, fingerprint(status)));
         last.insert(key.to_string(), LastWrite { at: now, echo });
     }
-}
-
-fn version(rv: &str) -> Option<u64> {
-    rv.parse().ok()
 }
 
 /// A hash of `status` without its conditions' transition times. A reconcile on a cache that
