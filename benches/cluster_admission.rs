@@ -302,20 +302,6 @@ fn strategy(name: &str, target: &str) -> Result<RolloutStrategy> {
     }))?)
 }
 
-/// The probe's strategy: with a pre hook, since the gate pauses only a revision that has hooks
-/// to run first (config/admission/revision_gate.yaml). No operator watches its namespace, so
-/// the hook never runs.
-fn probe_strategy() -> Result<RolloutStrategy> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "ballast.dev/v1alpha1", "kind": "RolloutStrategy",
-        "metadata": {"name": "probe"},
-        "spec": {
-            "targetRef": {"name": "probe"},
-            "pre": [{"name": "probe", "container": {"from": "app", "command": ["true"]}}],
-        },
-    }))?)
-}
-
 fn template_patch(seq: &str) -> Patch<Value> {
     Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {ANNOTATION: seq}}}}}))
 }
@@ -914,7 +900,7 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
         seq: 0,
     };
     Api::<RolloutStrategy>::namespaced(client.clone(), &ns_p)
-        .create(&PostParams::default(), &probe_strategy()?)
+        .create(&PostParams::default(), &support::gated_strategy("probe")?)
         .await?;
     probe
         .api

@@ -18,6 +18,20 @@ use std::{
     time::Instant,
 };
 
+/// A RolloutStrategy `name` for the Deployment of the same name, with one pre hook: the revision
+/// gate pauses every revision of that Deployment in its write, which is how the benches see that
+/// the gate is in force. No operator watches where they use it, so the hook never runs.
+pub fn gated_strategy(name: &str) -> Result<ballast::api::RolloutStrategy> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "ballast.dev/v1alpha1", "kind": "RolloutStrategy",
+        "metadata": {"name": name},
+        "spec": {
+            "targetRef": {"name": name},
+            "pre": [{"name": "probe", "container": {"from": "app", "command": ["true"]}}],
+        },
+    }))?)
+}
+
 /// A count from the environment variable `name`, else `default`; 0 is allowed (0: "not at
 /// all").
 pub fn env_count(name: &str, default: usize) -> Result<usize> {
@@ -120,24 +134,23 @@ pub async fn create_namespace(client: &Client, name: &str, bench: &str) -> Resul
 pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
     let start = Instant::now();
     for ns in names {
-        for kind in ["rolloutstrategies", "spreadpolicies"] {
-            let Ok(objects) = kubectl.run(&["get", kind, "-n", ns, "-o", "name"], None) else {
-                continue;
-            };
-            for name in objects.lines().filter(|l| !l.is_empty()) {
-                let _ = kubectl.run(
-                    &[
-                        "patch",
-                        "-n",
-                        ns,
-                        name,
-                        "--type=merge",
-                        "-p",
-                        r#"{"metadata":{"finalizers":null}}"#,
-                    ],
-                    None,
-                );
-            }
+        let kinds = "rolloutstrategies,spreadpolicies";
+        let Ok(objects) = kubectl.run(&["get", kinds, "-n", ns, "-o", "name"], None) else {
+            continue;
+        };
+        for name in objects.lines().filter(|l| !l.is_empty()) {
+            let _ = kubectl.run(
+                &[
+                    "patch",
+                    "-n",
+                    ns,
+                    name,
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ],
+                None,
+            );
         }
     }
     let timeout = format!("--timeout={timeout}");

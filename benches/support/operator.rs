@@ -81,21 +81,16 @@ pub fn operator_kubeconfig(kubectl: &Kubectl, dir: &Path) -> Result<PathBuf> {
 /// and a write made before the API server has loaded the policies at all passes untouched, so
 /// a probe that merely passes proves nothing on a fresh cluster. The probe is a dry-run create
 /// of a Deployment that a RolloutStrategy with a pre hook governs (in `default`, removed after):
-/// it must come back paused and labelled by the gate.
+/// it must come back paused.
 pub async fn admission_synced(client: &Client) -> Result<()> {
     const PROBE: &str = "bench-admission-probe";
     let ns = "default";
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let strategies: Api<RolloutStrategy> = Api::namespaced(client.clone(), ns);
-    let strategy: RolloutStrategy = serde_json::from_value(json!({
-        "apiVersion": "ballast.dev/v1alpha1", "kind": "RolloutStrategy",
-        "metadata": {"name": PROBE},
-        "spec": {
-            "targetRef": {"name": PROBE},
-            "pre": [{"name": "probe", "container": {"from": "app", "command": ["true"]}}],
-        },
-    }))?;
-    match strategies.create(&PostParams::default(), &strategy).await {
+    match strategies
+        .create(&PostParams::default(), &super::gated_strategy(PROBE)?)
+        .await
+    {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         r => {
             r.context("the admission probe's RolloutStrategy")?;
