@@ -10,7 +10,10 @@
 //! apart), and the untrimmed object is measured the same way as the floor. No cluster.
 
 use ballast::controller::{
-    rollout_strategy::cache::{CachedDeployment, CachedReplicaSet},
+    rollout_strategy::{
+        cache::{CachedDeployment, CachedReplicaSet},
+        replica_sets::ReplicaSets,
+    },
     spread_policy::{
         pods::{PodIndex, WatchedPod},
         read::Cached,
@@ -79,6 +82,30 @@ where
     let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
     assert_eq!(reader.state().len(), N);
     drop((reader, writer));
+    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+}
+
+/// Live bytes and allocations per ReplicaSet filed in the RolloutStrategy controller's
+/// [`ReplicaSets`] index, as its watch's first list fills it: ReplicaSet `i` of Deployment
+/// `w<i>`, with a uid of its own.
+fn per_replica_set_in_index(fixture: &str) -> (f64, f64) {
+    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
+    let index = ReplicaSets::default();
+    index.apply(&watcher::Event::Init);
+    for i in 0..N {
+        let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
+        v["metadata"]["name"] = format!("w{i:05}-7977c7f9b5").into();
+        v["metadata"]["ownerReferences"][0]["name"] = format!("w{i:05}").into();
+        v["metadata"]["ownerReferences"][0]["uid"] =
+            format!("00000000-0000-0000-0000-{i:012}").into();
+        let rs: CachedReplicaSet = serde_json::from_value(v).expect("ReplicaSet");
+        index.apply(&watcher::Event::InitApply(rs));
+    }
+    index.apply(&watcher::Event::InitDone);
+    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
+    assert_eq!(index.len(), N);
+    drop(index);
     (bytes as f64 / N as f64, allocs as f64 / N as f64)
 }
 
@@ -189,8 +216,8 @@ fn main() {
         per_object::<ReplicaSet>(replica_set, |_| {}),
     );
     let rs = row(
-        "ReplicaSet, RolloutStrategy's cache",
-        per_object::<CachedReplicaSet>(replica_set, CachedReplicaSet::trim),
+        "ReplicaSet, RolloutStrategy's index (by its Deployment)",
+        per_replica_set_in_index(replica_set),
     );
     println!(
         "one ungoverned Deployment with one ReplicaSet, both caches: {:.1} KiB ({:.0} MiB at N = 5000)",

@@ -3,14 +3,15 @@
 //! `ReplicaSet` takes about 2.4 KiB before any of its strings (its pod template is inline, even
 //! when empty), so the watches deserialize straight into these smaller types (`make bench`'s
 //! `cache_cost` measures them):
-//! - [`CachedReplicaSet`]: owner, creation time, replica counts and ballast's revision of the
-//!   template, never the template (only adoption reads one, afresh);
+//! - [`CachedReplicaSet`]: as the watch reads it, with ballast's revision of the template and
+//!   never the template (only adoption reads one, afresh); what is kept of it is filed in
+//!   [`ReplicaSets`](super::replica_sets::ReplicaSets);
 //! - [`CachedDeployment`]: the spec and status of a Deployment labelled
 //!   [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL) only; of any other, its metadata (a decision
 //!   about a Deployment not labelled yet reads it afresh: see
 //!   [`needs_fresh_target`](super::observe::needs_fresh_target)).
 //!
-//! Both are read-only views for the caches: ballast never writes them back.
+//! Both are read-only views: ballast never writes them back.
 
 use super::revision;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus, ReplicaSet};
@@ -106,26 +107,6 @@ fn template_revision<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, 
     Ok(template.map(|t| revision::of_template(&revision::deployment_template_of(&t))))
 }
 
-impl CachedReplicaSet {
-    /// Applied by the watch before the cache: no managedFields, labels, annotations or uid
-    /// (a ReplicaSet is known by its name and its controller), and of its owner references
-    /// only the controller's, without its apiVersion. A Deployment keeps up to 10 old
-    /// ReplicaSets: these are the most numerous objects the manager caches.
-    pub fn trim(&mut self) {
-        let m = &mut self.metadata;
-        m.managed_fields = None;
-        m.labels = None;
-        m.annotations = None;
-        m.uid = None;
-        if let Some(owners) = m.owner_references.as_mut() {
-            owners.retain(|o| o.controller == Some(true));
-            for o in owners.iter_mut() {
-                o.api_version = String::new();
-            }
-        }
-    }
-}
-
 /// Served at the API of `$api` (ReplicaSet, Deployment): a cached view of one is a
 /// [`kube::Resource`] of the same kind, so the watches and caches take it as they would it.
 macro_rules! resource_as {
@@ -162,7 +143,7 @@ resource_as!(CachedReplicaSet, ReplicaSet);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::{Resource, ResourceExt};
+    use kube::Resource;
     use serde_json::json;
 
     fn deployment(labels: serde_json::Value) -> serde_json::Value {
@@ -192,8 +173,7 @@ mod tests {
             "status": {"replicas": 2, "availableReplicas": 1}
         });
         let full: ReplicaSet = serde_json::from_value(v.clone()).unwrap();
-        let mut cached: CachedReplicaSet = serde_json::from_value(v).unwrap();
-        cached.trim();
+        let cached: CachedReplicaSet = serde_json::from_value(v).unwrap();
         let d: Deployment = serde_json::from_value(deployment(json!({}))).unwrap();
         // The revision is the Deployment's own (same template, less the pod-template-hash).
         assert_eq!(
@@ -211,19 +191,6 @@ mod tests {
         );
         assert_eq!((cached.spec.replicas, cached.status.replicas), (Some(2), 2));
         assert_eq!(cached.status.available_replicas, Some(1));
-        assert!(cached.metadata.labels.is_none());
-        // Its controller, which is what the controller matches it to its Deployment by.
-        let owners = cached.owner_references();
-        assert_eq!(owners.len(), 1);
-        assert_eq!(
-            (
-                owners[0].kind.as_str(),
-                owners[0].name.as_str(),
-                owners[0].uid.as_str()
-            ),
-            ("Deployment", "web", "d1")
-        );
-        assert_eq!(cached.metadata.uid, None);
         assert_eq!(CachedReplicaSet::plural(&()), "replicasets");
         assert_eq!(CachedReplicaSet::api_version(&()), "apps/v1");
     }

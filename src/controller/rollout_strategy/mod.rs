@@ -4,8 +4,8 @@
 //! is not available, kept paused at rest.
 //!
 //! Steps, one module each:
-//! - read: [`observe`] — watch caches of the strategies, Deployments, ReplicaSets, hook Jobs
-//!   and hook pods (`run`), reduced to views; log tails;
+//! - read: [`observe`] — watch caches of the strategies, Deployments, ReplicaSets (an index of
+//!   their own, [`replica_sets`]), hook Jobs and hook pods (`run`), reduced to views; log tails;
 //! - decide: [`machine`] (with [`revision`] and [`hooks`]) — pure;
 //! - write: [`write`] — pause/unpause, scale, rollback, Jobs; the only place that writes;
 //! - status: [`status`] — the status, Events and metrics of each transition.
@@ -25,6 +25,7 @@ pub mod gate;
 pub mod hooks;
 pub mod machine;
 pub mod observe;
+pub mod replica_sets;
 pub mod revision;
 pub mod status;
 pub mod webhook;
@@ -39,7 +40,7 @@ use crate::api::{HookPhase, RolloutStrategy};
 use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
 use error::Error;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
@@ -177,15 +178,15 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     .reflect(writer)
     .inspect(ready.filled("deployments").on_init_done())
     .touched_objects();
-    let (replica_set_store, writer) = reflector::store();
+    let replica_set_index = Arc::new(replica_sets::ReplicaSets::default());
+    let index = replica_set_index.clone();
     let replica_sets = super::watch(
         ctx.scoped_api::<cache::CachedReplicaSet>(),
         cfg.clone(),
         health.clone(),
         "rollout-strategy/replicasets",
     )
-    .modify(cache::CachedReplicaSet::trim)
-    .reflect(writer)
+    .inspect_ok(move |ev| index.apply(ev))
     .inspect(ready.filled("replicasets").on_init_done())
     .touched_objects();
     let (pod_store, writer) = reflector::store();
@@ -222,7 +223,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         strategies: s3,
         caches: observe::Caches {
             deployments: deployment_store,
-            replica_sets: replica_set_store,
+            replica_sets: replica_set_index,
             jobs: job_store,
             pods: pod_store,
         },

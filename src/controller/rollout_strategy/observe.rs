@@ -16,10 +16,11 @@
 //! labelled the Deployment, and while it adopts one (the only time a ReplicaSet's template is
 //! read).
 
-use super::cache::{CachedDeployment, CachedReplicaSet};
+use super::cache::CachedDeployment;
 use super::hooks::{
     ANNOTATION_TARGET_UID, LABEL_ATTEMPT, LABEL_HOOK, LABEL_REVISION, LABEL_STRATEGY, label_value,
 };
+use super::replica_sets::ReplicaSets;
 use super::revision;
 use crate::api::{HookPhase, RolloutStrategyStatus};
 use jiff::Timestamp;
@@ -178,33 +179,12 @@ impl DeploymentView {
                 }
             })
             .collect();
-        Self::with_replica_sets(d, rs)
+        Self::new(d, rs)
     }
 
-    /// The view of `d`, from the cache's ReplicaSets: those it controls, without templates.
-    pub fn from_cache(d: &Deployment, replica_sets: &[std::sync::Arc<CachedReplicaSet>]) -> Self {
-        let uid = d.uid();
-        let rs = replica_sets
-            .iter()
-            .filter(|r| controlled_by(r.owner_references(), uid.as_deref()))
-            .map(|r| ReplicaSetView {
-                name: r.name_any(),
-                revision: r
-                    .spec
-                    .revision
-                    .clone()
-                    .unwrap_or_else(|| revision::of_template(&PodTemplateSpec::default())),
-                replicas: r.status.replicas,
-                desired: r.spec.replicas.unwrap_or(1),
-                available: r.status.available_replicas.unwrap_or(0),
-                created: r.creation_timestamp().map(|t| t.0),
-                template_json: None,
-            })
-            .collect();
-        Self::with_replica_sets(d, rs)
-    }
-
-    fn with_replica_sets(d: &Deployment, rs: Vec<ReplicaSetView>) -> Self {
+    /// The view of `d` with `rs`, its ReplicaSets: read whole ([`Self::from_parts`]) or from
+    /// the cache's index, without templates ([`ReplicaSets::of`]).
+    pub fn new(d: &Deployment, rs: Vec<ReplicaSetView>) -> Self {
         let spec = d.spec.clone().unwrap_or_default();
         let status = d.status.clone().unwrap_or_default();
         let uid = d.uid();
@@ -486,7 +466,8 @@ pub struct Observed {
 #[derive(Clone)]
 pub struct Caches {
     pub deployments: Store<CachedDeployment>,
-    pub replica_sets: Store<CachedReplicaSet>,
+    /// By their controlling Deployment.
+    pub replica_sets: std::sync::Arc<ReplicaSets>,
     /// Hook Jobs only (labelled with [`LABEL_STRATEGY`]).
     pub jobs: Store<Job>,
     /// Pods of hook Jobs only (labelled with [`LABEL_STRATEGY`]).
@@ -508,13 +489,6 @@ impl Caches {
             .deployments
             .get(&ObjectRef::new(target).within(ns))
             .map(|d| d.to_deployment());
-        // Those the Deployment controls are picked by `DeploymentView::from_cache`.
-        let replica_sets: Vec<_> = self
-            .replica_sets
-            .state()
-            .into_iter()
-            .filter(|r| r.namespace().as_deref() == Some(ns))
-            .collect();
         let ours = |meta: &ObjectMeta| {
             meta.namespace.as_deref() == Some(ns)
                 && meta
@@ -538,7 +512,12 @@ impl Caches {
             .map(|p| p.as_ref().clone())
             .collect();
         let mut observed = reduce(strategy, None, &[], &jobs, &pods);
-        observed.deployment = deployment.map(|d| DeploymentView::from_cache(&d, &replica_sets));
+        observed.deployment = deployment.map(|d| {
+            let replica_sets =
+                self.replica_sets
+                    .of(ns, target, d.metadata.uid.as_deref().unwrap_or_default());
+            DeploymentView::new(&d, replica_sets)
+        });
         observed
     }
 }
