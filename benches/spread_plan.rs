@@ -9,9 +9,10 @@ use ballast::controller::spread_policy::{
     plan::{Inputs, PodSnapshot, plan},
     pods::{Phase, PodView},
     select::Governor,
+    tracker::Seen,
     workload::Workload,
 };
-use std::{collections::BTreeSet, hint::black_box, sync::Arc, time::Instant};
+use std::{hint::black_box, sync::Arc, time::Instant};
 
 fn policy() -> SpreadPolicy {
     serde_json::from_value(serde_json::json!({
@@ -95,7 +96,7 @@ fn main() {
     let policies = vec![Arc::new(p.clone())];
     let ws = workloads(1000);
     let ns = nodes(300);
-    let unobserved = BTreeSet::new();
+    let tracked = Seen::default();
     let pods = pods(&ws, ns.len());
     let ws: Vec<Arc<Workload>> = ws.into_iter().map(Arc::new).collect();
     bench(
@@ -109,7 +110,7 @@ fn main() {
                 workloads: &ws,
                 nodes: &ns,
                 pods: &pods,
-                unobserved_writes: &unobserved,
+                tracked: &tracked,
                 evicted: &Default::default(),
                 now: jiff::Timestamp::now(),
             });
@@ -123,7 +124,7 @@ fn main() {
         workloads: &ws,
         nodes: &ns,
         pods: &pods,
-        unobserved_writes: &unobserved,
+        tracked: &tracked,
         evicted: &Default::default(),
         now: jiff::Timestamp::now(),
     });

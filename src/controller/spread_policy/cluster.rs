@@ -53,7 +53,7 @@ pub fn combine(plans: &[(String, &Plan)]) -> Plan {
         released: true,
         ..Default::default()
     };
-    let mut spread = Vec::new();
+    let mut spread = distribution::Summary::default();
     for (ns, p) in plans {
         out.matched = out.matched.saturating_add(p.matched);
         out.applied = out.applied.saturating_add(p.applied);
@@ -72,7 +72,7 @@ pub fn combine(plans: &[(String, &Plan)]) -> Plan {
         out.writes.extend(p.writes.iter().cloned());
         out.invalid = out.invalid.clone().or_else(|| p.invalid.clone());
         out.released &= p.released;
-        spread.extend(p.spread.iter().cloned());
+        spread.merge(&p.spread);
         out.skewed.extend(p.skewed.iter().cloned());
         out.rebalancing |= p.rebalancing;
         out.rebalance_wait = match (out.rebalance_wait, p.rebalance_wait) {
@@ -89,7 +89,7 @@ pub fn combine(plans: &[(String, &Plan)]) -> Plan {
         )
     });
     out.workloads.truncate(MAX_WORKLOAD_STATUSES);
-    out.distribution = distribution::summarise(spread);
+    out.distribution = spread.distribution();
     out
 }
 
@@ -240,12 +240,12 @@ pub(super) async fn sync_cluster(
             .observe(&ns, &mut ws, now);
         let carries = ws.iter().any(|w| {
             w.annotations.get(ANNOTATION_POLICY) == Some(owner.as_str())
-                || w.rolling_for.as_deref() == Some(owner.as_str())
+                || seen.rolling_for(w) == Some(owner.as_str())
         });
         if g.covers(&ns) || carries {
             let rolling = ws
                 .iter()
-                .filter(|w| rolling_out_for(&owner, w, &seen.unobserved))
+                .filter(|w| rolling_out_for(&owner, w, &seen))
                 .count();
             in_play.push((ns, rolling));
         }

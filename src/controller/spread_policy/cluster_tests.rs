@@ -24,7 +24,7 @@ fn namespaces_sum_up_and_messages_name_their_namespace() {
         state: "Applied".into(),
         message: None,
     }];
-    a.spread = vec![(
+    a.spread.add(
         WorkloadDistribution {
             name: "web".into(),
             namespace: Some("a".into()),
@@ -33,7 +33,7 @@ fn namespaces_sum_up_and_messages_name_their_namespace() {
             ..Default::default()
         },
         2,
-    )];
+    );
     let mut b = plan(1, 1, 0);
     b.released = false;
     b.rebalance_wait = Some(std::time::Duration::from_secs(3));

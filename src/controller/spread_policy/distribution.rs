@@ -252,34 +252,67 @@ pub fn skew_message(d: &WorkloadDistribution) -> String {
     format!("{name}: {}", levels.join("; "))
 }
 
-/// Sums up the workloads' distributions and keeps the furthest off: Pending pods first, then
-/// the skew over what is allowed, then kind, namespace and name.
-pub fn summarise(mut entries: Vec<(WorkloadDistribution, i32)>) -> SpreadDistribution {
-    let sum = |f: &dyn Fn(&WorkloadDistribution) -> i32| {
-        entries
-            .iter()
-            .map(|(d, _)| f(d))
-            .fold(0i32, i32::saturating_add)
-    };
-    let mut out = SpreadDistribution {
-        governed: i32::try_from(entries.len()).unwrap_or(i32::MAX),
-        skewed: sum(&|d| i32::from(d.skewed)),
-        running_pods: sum(&|d| d.running),
-        pending_pods: sum(&|d| d.pending),
-        workloads: Vec::new(),
-    };
-    entries.sort_by(|(a, ea), (b, eb)| {
-        (b.pending > 0)
-            .cmp(&(a.pending > 0))
-            .then(eb.cmp(ea))
-            .then_with(|| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)))
-    });
-    out.workloads = entries
-        .into_iter()
-        .take(MAX_DISTRIBUTION_WORKLOADS)
-        .map(|(d, _)| d)
-        .collect();
-    out
+/// The governed workloads' distributions, summed up as a plan meets them, keeping only the
+/// furthest off ([`MAX_DISTRIBUTION_WORKLOADS`] of them, as status lists): Pending pods first,
+/// then the skew over what is allowed, then kind, namespace and name. A plan over thousands of
+/// workloads holds no more than twice that many at once; a ClusterSpreadPolicy adds up its
+/// namespaces' summaries ([`Summary::merge`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    governed: i32,
+    skewed: i32,
+    running_pods: i32,
+    pending_pods: i32,
+    /// The furthest off so far, with their excess skew; trimmed when it doubles.
+    top: Vec<(WorkloadDistribution, i32)>,
+}
+
+impl Summary {
+    /// Counts `d` (its most uneven level `excess` over what is allowed) in.
+    pub fn add(&mut self, d: WorkloadDistribution, excess: i32) {
+        self.governed = self.governed.saturating_add(1);
+        self.skewed = self.skewed.saturating_add(i32::from(d.skewed));
+        self.running_pods = self.running_pods.saturating_add(d.running);
+        self.pending_pods = self.pending_pods.saturating_add(d.pending);
+        self.top.push((d, excess));
+        if self.top.len() >= 2 * MAX_DISTRIBUTION_WORKLOADS {
+            self.trim();
+        }
+    }
+
+    /// Adds up another summary (another namespace's): the furthest off of both are among the
+    /// furthest off of each.
+    pub fn merge(&mut self, other: &Summary) {
+        self.governed = self.governed.saturating_add(other.governed);
+        self.skewed = self.skewed.saturating_add(other.skewed);
+        self.running_pods = self.running_pods.saturating_add(other.running_pods);
+        self.pending_pods = self.pending_pods.saturating_add(other.pending_pods);
+        self.top.extend(other.top.iter().cloned());
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        self.top.sort_by(|(a, ea), (b, eb)| {
+            (b.pending > 0)
+                .cmp(&(a.pending > 0))
+                .then(eb.cmp(ea))
+                .then_with(|| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)))
+        });
+        self.top.truncate(MAX_DISTRIBUTION_WORKLOADS);
+    }
+
+    /// What status says of it.
+    pub fn distribution(&self) -> SpreadDistribution {
+        let mut kept = self.clone();
+        kept.trim();
+        SpreadDistribution {
+            governed: self.governed,
+            skewed: self.skewed,
+            running_pods: self.running_pods,
+            pending_pods: self.pending_pods,
+            workloads: kept.top.into_iter().map(|(d, _)| d).collect(),
+        }
+    }
 }
 
 #[cfg(test)]

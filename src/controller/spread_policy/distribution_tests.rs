@@ -258,7 +258,11 @@ fn the_summary_counts_everything_and_lists_pending_then_most_skewed_first() {
         (entry("stuck", 2, false), 0),
     ];
     entries.extend((0..30).map(|i| (entry(&format!("w{i:02}"), 0, false), 0)));
-    let s = summarise(entries);
+    let mut summary = Summary::default();
+    for (d, excess) in entries {
+        summary.add(d, excess);
+    }
+    let s = summary.distribution();
     assert_eq!(
         (s.governed, s.skewed, s.running_pods, s.pending_pods),
         (33, 1, 99, 2)

@@ -12,6 +12,7 @@ use super::rebalance::{self, Eviction};
 use super::scale_down::{CostWrite, cost_writes};
 use super::select::{Governor, precedence, selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
+use super::tracker::Seen;
 use super::workload::{Rollout, Workload};
 use crate::api::spread_distribution::SpreadDistribution;
 use crate::api::spread_policy::{
@@ -147,9 +148,9 @@ pub struct Plan {
     pub rebalance_wait: Option<std::time::Duration>,
     /// Template changes this plan makes that start a rollout (they take from the budget).
     pub budget_used: usize,
-    /// Each governed workload's distribution and how far off it is (what `distribution`
-    /// sums up; a ClusterSpreadPolicy sums them over its namespaces).
-    pub spread: Vec<(crate::api::spread_distribution::WorkloadDistribution, i32)>,
+    /// The governed workloads' distributions summed up (what `distribution` says; a
+    /// ClusterSpreadPolicy adds them up over its namespaces).
+    pub spread: distribution::Summary,
 }
 
 /// How long after its last eviction a workload still counts as being rebalanced, beyond
@@ -169,8 +170,9 @@ pub struct Inputs<'a> {
     pub nodes: &'a [NodeInfo],
     /// The pods of those workloads.
     pub pods: &'a PodSnapshot,
-    /// Workloads whose last write by us the cache has not caught up with.
-    pub unobserved_writes: &'a BTreeSet<(WorkloadKind, String)>,
+    /// What the tracker knows of our writes: those the cache has not caught up with, and the
+    /// policy each workload still rolling one out rolls it out for.
+    pub tracked: &'a Seen,
     /// When each workload's last rebalancing batch went.
     pub evicted: &'a std::collections::HashMap<(WorkloadKind, String), jiff::Timestamp>,
     pub now: jiff::Timestamp,
@@ -198,17 +200,13 @@ fn invalid_reason(policy: &SpreadPolicy) -> Option<String> {
 
 /// Whether `w` is rolling out because of policy `name`: carrying its terms, or still rolling
 /// out a write of ours that took them out.
-pub fn rolling_out_for(
-    name: &str,
-    w: &Workload,
-    unobserved_writes: &BTreeSet<(WorkloadKind, String)>,
-) -> bool {
-    let ours = w.annotations.get(ANNOTATION_POLICY) == Some(name)
-        || w.rolling_for.as_deref() == Some(name);
+pub fn rolling_out_for(name: &str, w: &Workload, tracked: &Seen) -> bool {
+    let ours =
+        w.annotations.get(ANNOTATION_POLICY) == Some(name) || tracked.rolling_for(w) == Some(name);
     !w.deleting
         && ours
         && (w.rollout == Rollout::InProgress
-            || unobserved_writes.contains(&(w.kind, w.name.clone())))
+            || tracked.unobserved.contains(&(w.kind, w.name.clone())))
 }
 
 /// The deletion costs of the workloads this policy answers for: those it governs (set with
@@ -274,7 +272,7 @@ pub fn plan(inp: &Inputs) -> Plan {
     // A workload being deleted is written nothing and holds up nothing.
     let ours =
         |w: &Workload| !w.deleting && w.annotations.get(ANNOTATION_POLICY) == Some(name.as_str());
-    let in_flight = |w: &Workload| rolling_out_for(&name, w, inp.unobserved_writes);
+    let in_flight = |w: &Workload| rolling_out_for(&name, w, inp.tracked);
     out.in_flight = inp.workloads.iter().filter(|w| in_flight(w)).count();
     let max = policy.spec.rollout.max_concurrent.max(0) as usize;
     let mut budget = if max == 0 {
@@ -286,10 +284,10 @@ pub fn plan(inp: &Inputs) -> Plan {
 
     let mut workloads: Vec<&Workload> = inp.workloads.iter().map(|w| &**w).collect();
     workloads.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
-    let mut statuses = Vec::new();
+    let mut statuses = Statuses::default();
     let mut warned = BTreeSet::new();
     let nodes: Nodes = inp.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let mut spread = Vec::new();
+    let mut spread = distribution::Summary::default();
     let no_pods: Arc<[PodView]> = Arc::new([]);
 
     for w in workloads.into_iter().filter(|w| !w.deleting) {
@@ -370,20 +368,21 @@ pub fn plan(inp: &Inputs) -> Plan {
                     let window = jiff::SignedDuration::try_from(r.min_interval() + REBALANCE_GRACE);
                     window.is_ok_and(|window| inp.now.duration_since(t) < window)
                 });
-            spread.push(distribution::of(
-                &policy.spec,
-                w,
-                pods,
-                inp.nodes,
-                &nodes,
-                recent,
-            ));
+            let (mut d, excess) =
+                distribution::of(&policy.spec, w, pods, inp.nodes, &nodes, recent);
+            if d.skewed {
+                out.skewed.push(distribution::skew_message(&d));
+            }
+            if policy.is_cluster() {
+                d.namespace = Some(w.namespace.clone());
+            }
+            spread.add(d, excess);
             if let Some(r) = policy
                 .spec
                 .rebalance
                 .as_ref()
                 .filter(|_| !policy.spec.suspend)
-                && !inp.unobserved_writes.contains(&key)
+                && !inp.tracked.unobserved.contains(&key)
             {
                 let d = rebalance::decide(
                     &policy.spec,
@@ -442,7 +441,7 @@ pub fn plan(inp: &Inputs) -> Plan {
             }
             continue;
         }
-        if inp.unobserved_writes.contains(&(w.kind, w.name.clone())) {
+        if inp.tracked.unobserved.contains(&(w.kind, w.name.clone())) {
             // Our last write is not in the cache yet: never write twice.
             statuses.push(status(
                 state::PENDING,
@@ -494,25 +493,43 @@ pub fn plan(inp: &Inputs) -> Plan {
     if !policy.spec.suspend || deleting {
         out.pod_writes = deletion_costs(inp, &nodes, out.invalid.is_some());
     }
-    out.skewed = spread
-        .iter()
-        .filter(|(d, _)| d.skewed)
-        .map(|(d, _)| distribution::skew_message(d))
-        .collect();
-    if policy.is_cluster() {
-        for (d, _) in spread.iter_mut() {
-            d.namespace = inp.workloads.first().map(|w| w.namespace.clone());
-        }
-    }
-    out.distribution = distribution::summarise(spread.clone());
+    out.distribution = spread.distribution();
     out.spread = spread;
     out.released = !inp.workloads.iter().any(|w| ours(w))
         || (policy.spec.deletion_policy == DeletionPolicy::Orphan && deleting);
-    // Problems first, then by kind and name; bounded.
-    statuses.sort_by_key(|s| (s.state == state::APPLIED, s.kind, s.name.clone()));
-    statuses.truncate(MAX_WORKLOAD_STATUSES);
-    out.workloads = statuses;
+    out.workloads = statuses.into_vec();
     out
+}
+
+/// The workload statuses a policy's status lists: problems first, then by kind and name, at
+/// most [`MAX_WORKLOAD_STATUSES`]. Trimmed as they come, so a plan over thousands of workloads
+/// holds no more than twice that many.
+#[derive(Default)]
+struct Statuses(Vec<WorkloadStatus>);
+
+impl Statuses {
+    fn push(&mut self, s: WorkloadStatus) {
+        self.0.push(s);
+        if self.0.len() >= 2 * MAX_WORKLOAD_STATUSES {
+            self.trim();
+        }
+    }
+
+    fn trim(&mut self) {
+        self.0.sort_by(|a, b| {
+            (a.state == state::APPLIED, a.kind, &a.name).cmp(&(
+                b.state == state::APPLIED,
+                b.kind,
+                &b.name,
+            ))
+        });
+        self.0.truncate(MAX_WORKLOAD_STATUSES);
+    }
+
+    fn into_vec(mut self) -> Vec<WorkloadStatus> {
+        self.trim();
+        self.0
+    }
 }
 
 #[cfg(test)]

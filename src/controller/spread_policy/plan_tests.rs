@@ -1,5 +1,6 @@
 use super::*;
 use crate::controller::spread_policy::select::Governor;
+use crate::controller::spread_policy::tracker::Seen;
 use crate::controller::spread_policy::workload::{PodSelector, Rollout};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -56,6 +57,11 @@ fn carrying(p: &SpreadPolicy, mut w: Workload) -> Workload {
 }
 
 fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
+    run_tracked(p, ws, &Seen::default())
+}
+
+/// As [`run`], with what the tracker knows of our writes.
+fn run_tracked(p: &SpreadPolicy, ws: &[Workload], tracked: &Seen) -> Plan {
     let ws: Vec<Arc<Workload>> = ws.iter().cloned().map(Arc::new).collect();
     plan(&Inputs {
         policy: &Governor::from(p.clone()),
@@ -64,7 +70,7 @@ fn run(p: &SpreadPolicy, ws: &[Workload]) -> Plan {
         workloads: &ws,
         nodes: &[],
         pods: &PodSnapshot::new(),
-        unobserved_writes: &BTreeSet::new(),
+        tracked,
         evicted: &Default::default(),
         now: Timestamp::from_second(1000).unwrap(),
     })
@@ -94,7 +100,7 @@ fn pending_pods_are_summed_over_the_workloads_the_nodes_cannot_place() {
         workloads: &[Arc::new(web("a")), Arc::new(big), Arc::new(small)],
         nodes: &nodes,
         pods: &PodSnapshot::new(),
-        unobserved_writes: &BTreeSet::new(),
+        tracked: &Seen::default(),
         evicted: &Default::default(),
         now: Timestamp::from_second(1000).unwrap(),
     });
@@ -164,8 +170,15 @@ fn a_removal_still_rolling_out_counts_against_max_concurrent() {
     let p = deleting(policy(json!({})));
     let mut gone = web("a");
     gone.rollout = Rollout::InProgress;
-    gone.rolling_for = Some("web-ha".into());
-    let out = run(&p, &[gone, carrying(&p, web("b"))]);
+    let tracked = Seen {
+        rolling: [(
+            (WorkloadKind::Deployment, "a".to_string()),
+            "web-ha".to_string(),
+        )]
+        .into(),
+        ..Seen::default()
+    };
+    let out = run_tracked(&p, &[gone, carrying(&p, web("b"))], &tracked);
     assert_eq!((out.in_flight, out.writes.len(), out.waiting), (1, 0, 1));
 }
 
@@ -226,4 +239,35 @@ fn a_record_that_differs_from_the_template_terms_is_a_template_change() {
     w.record = Some("{\"antiAffinityRequired\":[]}".into());
     let out = run(&p, &[w]);
     assert!(out.writes[0].template_changed);
+}
+
+#[test]
+fn a_plan_over_many_workloads_lists_the_problems_first_and_no_more_than_status_holds() {
+    use crate::api::spread_distribution::MAX_DISTRIBUTION_WORKLOADS;
+    use crate::api::spread_policy::MAX_WORKLOAD_STATUSES;
+    let p = policy(json!({}));
+    // 300 carry the terms already, 3 of them (late in name order) do not yet.
+    let mut ws: Vec<Workload> = (0..300)
+        .map(|i| carrying(&p, web(&format!("w{i:03}"))))
+        .collect();
+    for i in [297, 298, 299] {
+        ws[i] = web(&format!("w{i:03}"));
+    }
+    let out = run(&p, &ws);
+    assert_eq!(
+        (out.matched, out.applied, out.writes.len(), out.waiting),
+        (300, 297, 1, 2),
+        "one at a time"
+    );
+    let names: Vec<&str> = out.workloads.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names.len(), MAX_WORKLOAD_STATUSES);
+    assert_eq!(
+        &names[..4],
+        ["w297", "w298", "w299", "w000"],
+        "those to write first"
+    );
+    assert_eq!(names[MAX_WORKLOAD_STATUSES - 1], "w046");
+    assert_eq!(out.distribution.governed, 300);
+    assert_eq!(out.distribution.workloads.len(), MAX_DISTRIBUTION_WORKLOADS);
+    assert_eq!(out.distribution.workloads[0].name, "w000", "then by name");
 }

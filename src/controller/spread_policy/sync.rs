@@ -170,7 +170,7 @@ pub(super) async fn run_namespace(
         budget_used_elsewhere,
         nodes,
         pods: &pods,
-        unobserved_writes: &seen.unobserved,
+        tracked: &seen,
         evicted: &evicted,
         now: jiff::Timestamp::now(),
     });

@@ -9,6 +9,10 @@
 //!   again under the same name is a new one and inherits nothing.
 //! - when each rollout under way was first seen, which bounds how long a
 //!   rollout without progress holds up the others (see [`workload::bound`]).
+//! - which policy each workload still rolling out a write of ours rolls it out for
+//!   ([`Seen::rolling_for`]): kept beside the views rather than set on them, since a view is
+//!   shared with the cache and setting it would copy it, a few KiB for every workload of a
+//!   fan-out, at every reconcile until its rollout ends.
 //! - the pod template each workload last completed a rollout of. Until its
 //!   controller observes a change, a workload's status cannot say whether the
 //!   change was a new template (a rollout) or, say, a scale; a change that left
@@ -24,7 +28,7 @@ use super::workload::{self, Rollout, Workload};
 use crate::api::spread_policy::WorkloadKind;
 use jiff::Timestamp;
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::Duration,
 };
@@ -53,8 +57,20 @@ pub struct Tracker {
 pub struct Seen {
     /// Workloads whose last write by us the cache has not caught up with.
     pub unobserved: BTreeSet<(WorkloadKind, String)>,
+    /// Workloads still rolling out a write of ours (those unobserved included), and the policy
+    /// that made it: a removal leaves no annotation behind to tell.
+    pub rolling: BTreeMap<(WorkloadKind, String), String>,
     /// The soonest a rollout under way stops counting (stops holding up pacing).
     pub next_bound: Option<Duration>,
+}
+
+impl Seen {
+    /// The policy whose template write `w` is still rolling out, if any.
+    pub fn rolling_for(&self, w: &Workload) -> Option<&str> {
+        self.rolling
+            .get(&(w.kind, w.name.clone()))
+            .map(String::as_str)
+    }
 }
 
 impl Tracker {
@@ -79,10 +95,10 @@ impl Tracker {
 
     /// Brings the memory up to date with the cached `workloads` of `ns` and
     /// marks them: rollouts without progress for longer than their bound
-    /// become [`Rollout::Stalled`], and a workload still rolling out a write
-    /// of ours names the policy in [`Workload::rolling_for`].
+    /// become [`Rollout::Stalled`], and a scale of a template rolled out is no rollout. A
+    /// workload still rolling out a write of ours is named in [`Seen::rolling`], not marked.
     /// Each workload is copied only when something is set on it (its view is shared with the
-    /// cache otherwise).
+    /// cache otherwise), which the steady state and a fan-out never do.
     pub fn observe(&mut self, ns: &str, workloads: &mut [Arc<Workload>], now: Timestamp) -> Seen {
         let mut seen = Seen::default();
         let present: BTreeSet<(WorkloadKind, &str)> = workloads
@@ -126,9 +142,11 @@ impl Tracker {
             }
             if w.generation.unwrap_or(0) < written.generation {
                 seen.unobserved.insert((w.kind, w.name.clone()));
-                Arc::make_mut(w).rolling_for = Some(written.policy.clone());
+                seen.rolling
+                    .insert((w.kind, w.name.clone()), written.policy.clone());
             } else if w.rollout == Rollout::InProgress {
-                Arc::make_mut(w).rolling_for = Some(written.policy.clone());
+                seen.rolling
+                    .insert((w.kind, w.name.clone()), written.policy.clone());
             } else {
                 self.writes.remove(&key);
             }
@@ -184,20 +202,20 @@ mod tests {
             seen.unobserved
                 .contains(&(WorkloadKind::Deployment, "web".into()))
         );
-        assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
+        assert_eq!(seen.rolling_for(&ws[0]), Some("web-ha"));
 
         let mut ws = [web(2, "u1", Rollout::InProgress)];
         let seen = observe(&mut tr, "shop", &mut ws, t(T0));
         assert!(seen.unobserved.is_empty());
-        assert_eq!(ws[0].rolling_for.as_deref(), Some("web-ha"));
+        assert_eq!(seen.rolling_for(&ws[0]), Some("web-ha"));
         assert_eq!(seen.next_bound, Some(Duration::from_secs(605)));
 
         let mut ws = [web(2, "u1", Rollout::Complete)];
-        observe(&mut tr, "shop", &mut ws, t(T0));
-        assert_eq!(ws[0].rolling_for, None);
+        let seen = observe(&mut tr, "shop", &mut ws, t(T0));
+        assert_eq!(seen.rolling_for(&ws[0]), None);
         let mut ws = [web(2, "u1", Rollout::InProgress)];
-        observe(&mut tr, "shop", &mut ws, t(T0));
-        assert_eq!(ws[0].rolling_for, None, "forgotten once complete");
+        let seen = observe(&mut tr, "shop", &mut ws, t(T0));
+        assert_eq!(seen.rolling_for(&ws[0]), None, "forgotten once complete");
     }
 
     /// `web` whose controller has not observed its last change yet, with template `hash`.
@@ -278,7 +296,7 @@ mod tests {
         let mut ws = [web(1, "u2", Rollout::InProgress)];
         let seen = observe(&mut tr, "shop", &mut ws, t(T0));
         assert!(seen.unobserved.is_empty());
-        assert_eq!(ws[0].rolling_for, None);
+        assert_eq!(seen.rolling_for(&ws[0]), None);
     }
 
     #[test]

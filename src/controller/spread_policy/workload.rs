@@ -82,10 +82,6 @@ pub struct Workload {
     pub progress_at: Option<Timestamp>,
     /// How long without progress the rollout still counts as under way.
     pub progress_deadline: Duration,
-    /// The policy whose template write this workload is still rolling out,
-    /// when ballast knows (set by the controller from its own writes; a
-    /// removal leaves no annotation behind to tell).
-    pub rolling_for: Option<String>,
     /// The workload's controller has not observed its current generation yet: its status
     /// still describes the spec before the last change.
     pub unobserved: bool,
