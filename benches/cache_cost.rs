@@ -4,8 +4,9 @@
 //!
 //! For each cache, N copies of a real object (`benches/fixtures/`: a Deployment and its
 //! ReplicaSet as the API server returns them, managedFields included) go through the same trim
-//! the controller applies before its cache and into a kube-runtime reflector store, as a watch
-//! would put them; a counting allocator gives the bytes still allocated per object (live heap,
+//! the controller applies before its cache and into that cache (a kube-runtime reflector store,
+//! or the controller's own index: the SpreadPolicy controller's workload views, the
+//! RolloutStrategy controller's ReplicaSets), as a watch would put them; a counting allocator gives the bytes still allocated per object (live heap,
 //! as requested of the allocator: malloc's own overhead, ~16 B per allocation, is counted
 //! apart), and the untrimmed object is measured the same way as the floor. No cluster.
 
@@ -16,7 +17,7 @@ use ballast::controller::{
     },
     spread_policy::{
         pods::{PodIndex, WatchedPod},
-        read::Cached,
+        read::{Cached, Workloads},
     },
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -82,6 +83,25 @@ where
     let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
     assert_eq!(reader.state().len(), N);
     drop((reader, writer));
+    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+}
+
+/// Live bytes and allocations per Deployment filed in the SpreadPolicy controller's
+/// [`Workloads`] index (its view), as its watch's first list fills it.
+fn per_workload_in_index(fixture: &str) -> (f64, f64) {
+    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
+    let index = Workloads::default();
+    let kind = ballast::api::spread_policy::WorkloadKind::Deployment;
+    index.apply::<Deployment>(kind, &watcher::Event::Init);
+    for i in 0..N {
+        let d: Cached<Deployment> = copies(fixture, i);
+        index.apply(kind, &watcher::Event::InitApply(d));
+    }
+    index.apply::<Deployment>(kind, &watcher::Event::InitDone);
+    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
+    assert_eq!(index.len(), N);
+    drop(index);
     (bytes as f64 / N as f64, allocs as f64 / N as f64)
 }
 
@@ -190,22 +210,22 @@ fn main() {
     let deployment = include_str!("fixtures/deployment.json");
     let governed_deployment = governed(deployment);
     let replica_set = include_str!("fixtures/replicaset.json");
-    println!("bytes kept per object in a reflector store, {N} objects each (live heap):");
+    println!("bytes kept per object in each cache, {N} objects each (live heap):");
     row(
         "Deployment, as received (floor: no trim)",
         per_object::<Deployment>(deployment, |_| {}),
     );
     let spread = row(
-        "Deployment, SpreadPolicy's cache (its Workload view)",
-        per_object::<Cached<Deployment>>(deployment, |_| {}),
+        "Deployment, SpreadPolicy's index (its Workload view)",
+        per_workload_in_index(deployment),
     );
     let rollout = row(
         "Deployment, RolloutStrategy's cache (not labelled governed)",
         per_object::<CachedDeployment>(deployment, CachedDeployment::trim),
     );
     let spread_governed = row(
-        "Deployment with a SpreadPolicy's term, SpreadPolicy's cache",
-        per_object::<Cached<Deployment>>(&governed_deployment, |_| {}),
+        "Deployment with a SpreadPolicy's term, SpreadPolicy's index",
+        per_workload_in_index(&governed_deployment),
     );
     let rollout_governed = row(
         "Deployment with a SpreadPolicy's term, RolloutStrategy's cache",

@@ -27,7 +27,6 @@ use crate::k8s::lenient::{Invalid, Lenient};
 use crate::k8s::{SPREAD_POLICY_MANAGER, apply};
 use kube::{Api, Resource, ResourceExt, runtime::controller::Action};
 use serde::Deserialize;
-use std::collections::BTreeSet;
 use std::time::Instant;
 
 /// Namespace states in `status.namespaces`.
@@ -222,13 +221,7 @@ pub(super) async fn sync_cluster(
 
     // The namespaces in play: those it covers, and those whose workloads carry its terms or
     // still roll out a write of it.
-    let mut namespaces: BTreeSet<String> = BTreeSet::new();
-    for d in st.deployments.state() {
-        namespaces.insert(d.namespace().unwrap_or_default());
-    }
-    for s in st.stateful_sets.state() {
-        namespaces.insert(s.namespace().unwrap_or_default());
-    }
+    let namespaces = st.workloads.namespaces();
     let now = jiff::Timestamp::now();
     let mut in_play: Vec<(String, usize)> = Vec::new();
     for ns in namespaces {

@@ -40,11 +40,11 @@ use super::{
     reconcile::{Outcomes, key},
 };
 use crate::api::cluster_spread_policy::ClusterSpreadPolicy;
-use crate::api::spread_policy::SpreadPolicy;
+use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
 use crate::k8s::SPREAD_POLICY_MANAGER;
 use crate::k8s::lenient::Lenient;
 use error::Error;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
     core::v1::{Namespace, Node},
@@ -61,7 +61,7 @@ use kube::{
     },
 };
 use pods::{PodIndex, WatchedPod};
-use read::{Cached, Relevant, coalesce, node_fingerprint, strip_meta};
+use read::{Cached, Relevant, Workloads, coalesce, node_fingerprint, strip_meta};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -97,8 +97,8 @@ pub struct State {
     /// Ends waits that the shutdown would otherwise sit out.
     shutdown: ShutdownSignal,
     policies: Policies,
-    deployments: Store<Cached<Deployment>>,
-    stateful_sets: Store<Cached<StatefulSet>>,
+    /// The Deployments and StatefulSets, as views.
+    workloads: Arc<Workloads>,
     cluster_policies: triggers::ClusterPolicies,
     /// Namespaces, for their labels (a ClusterSpreadPolicy's namespaceSelector).
     namespaces: triggers::Namespaces,
@@ -142,25 +142,26 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
     let health = &ctx.health;
     let mut ready = super::CachesReady::new();
-    let (deployments, deploy_writer) = reflector::store();
+    let workloads = Arc::new(Workloads::default());
+    let index = workloads.clone();
     let deploy_stream = super::watch(
         ctx.scoped_api::<Cached<Deployment>>(),
         cfg.clone(),
         health.clone(),
         "spread-policy/deployments",
     )
-    .reflect(deploy_writer)
+    .inspect_ok(move |ev| index.apply(WorkloadKind::Deployment, ev))
     .inspect(ready.filled("deployments").on_init_done())
     .filter(Relevant::filter())
     .touched_objects();
-    let (stateful_sets, sts_writer) = reflector::store();
+    let index = workloads.clone();
     let sts_stream = super::watch(
         ctx.scoped_api::<Cached<StatefulSet>>(),
         cfg.clone(),
         health.clone(),
         "spread-policy/statefulsets",
     )
-    .reflect(sts_writer)
+    .inspect_ok(move |ev| index.apply(WorkloadKind::StatefulSet, ev))
     .inspect(ready.filled("statefulsets").on_init_done())
     .filter(Relevant::filter())
     .touched_objects();
@@ -262,8 +263,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         policies: policies.clone(),
         cluster_policies: cluster_policies.clone(),
         namespaces: namespaces.clone(),
-        deployments: deployments.clone(),
-        stateful_sets: stateful_sets.clone(),
+        workloads: workloads.clone(),
         tracker: tracker.clone(),
         cluster_tx,
     };
@@ -306,8 +306,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         policies: policies.clone(),
         cluster_policies: cluster_policies.clone(),
         namespaces,
-        deployments,
-        stateful_sets,
+        workloads,
         nodes,
         pods,
         pacer: status::Pacer::default(),

@@ -10,6 +10,7 @@
 
 use super::feasibility::NodeInfo;
 use super::workload::Workload;
+use crate::api::spread_policy::WorkloadKind;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Node;
@@ -18,10 +19,10 @@ use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 use std::{
     borrow::Cow,
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     hash::Hash,
     marker::PhantomData,
-    sync::Arc,
+    sync::{Arc, Mutex, RwLock},
     time::Duration,
 };
 
@@ -115,6 +116,122 @@ impl<K: k8s_openapi::Resource> kube::Resource for Cached<K> {
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
     }
+}
+
+/// The views of the watched Deployments and StatefulSets, filed by namespace, kind and name,
+/// as their watches' events come ([`Workloads::apply`]). A kube-runtime store kept each
+/// [`Cached`] under an `ObjectRef` key, with an `ObjectMeta` (360 bytes before its strings) only
+/// the store read: the views carry their own name, namespace and resourceVersion. A reconcile
+/// reads the workloads of its namespace without going through every other one.
+#[derive(Default)]
+pub struct Workloads {
+    files: RwLock<Files>,
+    /// Per kind, the views a (re)list has brought so far, filed when it is done.
+    relist: Mutex<HashMap<WorkloadKind, Vec<Arc<Workload>>>>,
+}
+
+impl Workloads {
+    /// Takes in one event of the watch of the workloads of `kind`.
+    pub fn apply<K>(&self, kind: WorkloadKind, ev: &watcher::Event<Cached<K>>) {
+        let files = || self.files.write().expect("not poisoned");
+        match ev {
+            watcher::Event::Apply(c) => put(&mut files(), c.workload.clone()),
+            watcher::Event::Delete(c) => {
+                let w = &c.workload;
+                let mut files = files();
+                if let Some(ns) = files.get_mut(w.namespace.as_str()) {
+                    if let Some(of_kind) = ns.get_mut(&w.kind) {
+                        of_kind.remove(w.name.as_str());
+                        if of_kind.is_empty() {
+                            ns.remove(&w.kind);
+                        }
+                    }
+                    if ns.is_empty() {
+                        files.remove(w.namespace.as_str());
+                    }
+                }
+            }
+            watcher::Event::Init => {
+                self.relist
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(kind, Vec::new());
+            }
+            watcher::Event::InitApply(c) => {
+                if let Some(list) = self.relist.lock().expect("not poisoned").get_mut(&kind) {
+                    list.push(c.workload.clone());
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(list) = self.relist.lock().expect("not poisoned").remove(&kind) else {
+                    return;
+                };
+                let mut files = files();
+                for ns in files.values_mut() {
+                    ns.remove(&kind);
+                }
+                files.retain(|_, ns| !ns.is_empty());
+                for w in list {
+                    put(&mut files, w);
+                }
+            }
+        }
+    }
+
+    /// The workloads of `ns`, by kind and name.
+    pub fn in_namespace(&self, ns: &str) -> Vec<Arc<Workload>> {
+        self.files
+            .read()
+            .expect("not poisoned")
+            .get(ns)
+            .map(|ns| ns.values().flat_map(|ws| ws.values().cloned()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Workload `name` of `kind` in `ns`.
+    pub fn get(&self, ns: &str, kind: WorkloadKind, name: &str) -> Option<Arc<Workload>> {
+        self.files
+            .read()
+            .expect("not poisoned")
+            .get(ns)?
+            .get(&kind)?
+            .get(name)
+            .cloned()
+    }
+
+    /// The namespaces with at least one workload.
+    pub fn namespaces(&self) -> Vec<String> {
+        let files = self.files.read().expect("not poisoned");
+        let mut out: Vec<String> = files.keys().map(|ns| ns.to_string()).collect();
+        out.sort();
+        out
+    }
+
+    /// Workloads filed, over all namespaces (for the memory measure).
+    pub fn len(&self) -> usize {
+        let files = self.files.read().expect("not poisoned");
+        files
+            .values()
+            .flat_map(|ns| ns.values())
+            .map(BTreeMap::len)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The views by namespace, kind and name.
+type Files = HashMap<Box<str>, BTreeMap<WorkloadKind, BTreeMap<Box<str>, Arc<Workload>>>>;
+
+fn put(files: &mut Files, w: Arc<Workload>) {
+    files
+        .entry(w.namespace.as_str().into())
+        .or_default()
+        .entry(w.kind)
+        .or_default()
+        .insert(w.name.as_str().into(), w);
 }
 
 /// Drops what no decision reads of a node's metadata: managedFields and the last-applied
@@ -347,5 +464,82 @@ mod tests {
             &watcher::Event::Apply(web(1, 3, "5")),
             Workload::from_deployment
         ));
+    }
+
+    fn cached<K: Viewed + kube::Resource>(kind: &str, ns: &str, name: &str) -> Cached<K> {
+        let workload: serde_json::Value = json!({
+            "apiVersion": "apps/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": "1"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}},
+        });
+        serde_json::from_value(workload).unwrap()
+    }
+
+    fn names(ws: &[Arc<Workload>]) -> Vec<String> {
+        ws.iter()
+            .map(|w| format!("{:?}/{}", w.kind, w.name))
+            .collect()
+    }
+
+    #[test]
+    fn workloads_are_filed_by_namespace_and_each_kind_relists_on_its_own() {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        let index = Workloads::default();
+        let deploy = |ns, name| cached::<Deployment>("Deployment", ns, name);
+        let sts = |ns, name| cached::<StatefulSet>("StatefulSet", ns, name);
+        index.apply(
+            WorkloadKind::Deployment,
+            &watcher::Event::Apply(deploy("shop", "web")),
+        );
+        index.apply(
+            WorkloadKind::Deployment,
+            &watcher::Event::Apply(deploy("shop", "api")),
+        );
+        index.apply(
+            WorkloadKind::Deployment,
+            &watcher::Event::Apply(deploy("blog", "web")),
+        );
+        index.apply(
+            WorkloadKind::StatefulSet,
+            &watcher::Event::Apply(sts("shop", "db")),
+        );
+        assert_eq!(
+            names(&index.in_namespace("shop")),
+            ["Deployment/api", "Deployment/web", "StatefulSet/db"]
+        );
+        assert_eq!(index.namespaces(), ["blog", "shop"]);
+        assert!(
+            index
+                .get("shop", WorkloadKind::StatefulSet, "web")
+                .is_none()
+        );
+        assert!(index.get("shop", WorkloadKind::Deployment, "web").is_some());
+
+        // The Deployments' watch lists again: until it is done the index is as it was; then
+        // its Deployments are those listed, and the StatefulSets are left alone.
+        index.apply::<Deployment>(WorkloadKind::Deployment, &watcher::Event::Init);
+        index.apply(
+            WorkloadKind::Deployment,
+            &watcher::Event::InitApply(deploy("shop", "web")),
+        );
+        assert_eq!(index.len(), 4);
+        index.apply::<Deployment>(WorkloadKind::Deployment, &watcher::Event::InitDone);
+        assert_eq!(
+            names(&index.in_namespace("shop")),
+            ["Deployment/web", "StatefulSet/db"]
+        );
+        assert_eq!(index.namespaces(), ["shop"], "blog has nothing left");
+
+        index.apply(
+            WorkloadKind::StatefulSet,
+            &watcher::Event::Delete(sts("shop", "db")),
+        );
+        index.apply(
+            WorkloadKind::Deployment,
+            &watcher::Event::Delete(deploy("shop", "web")),
+        );
+        assert!(index.is_empty());
+        assert!(index.namespaces().is_empty());
     }
 }

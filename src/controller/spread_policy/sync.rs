@@ -79,19 +79,7 @@ pub(super) async fn sync_invalid(
 
 /// The cached Deployments and StatefulSets of `ns`.
 pub(super) fn workloads_in(st: &State, ns: &str) -> Vec<Arc<Workload>> {
-    st.deployments
-        .state()
-        .iter()
-        .filter(|d| d.namespace().as_deref() == Some(ns))
-        .map(|d| d.workload.clone())
-        .chain(
-            st.stateful_sets
-                .state()
-                .iter()
-                .filter(|s| s.namespace().as_deref() == Some(ns))
-                .map(|s| s.workload.clone()),
-        )
-        .collect()
+    st.workloads.in_namespace(ns)
 }
 
 /// The policies that apply in `ns`: its SpreadPolicies and every ClusterSpreadPolicy, with

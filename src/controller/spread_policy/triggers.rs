@@ -6,18 +6,15 @@
 
 use super::plan::ANNOTATION_POLICY;
 use super::pods::{Changed, WorkloadRef};
-use super::read::Cached;
+use super::read::Workloads;
 use super::select::{NamespaceLabels, cluster_owner, matches};
 use super::tracker::Tracker;
 use super::workload::Workload;
 use crate::api::cluster_spread_policy::ClusterSpreadPolicy;
-use crate::api::spread_policy::{SpreadPolicy, WorkloadKind};
+use crate::api::spread_policy::SpreadPolicy;
 use crate::k8s::lenient::Lenient;
 use futures::channel::mpsc::UnboundedSender;
-use k8s_openapi::api::{
-    apps::v1::{Deployment, StatefulSet},
-    core::v1::Namespace,
-};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     ResourceExt,
     core::PartialObjectMeta,
@@ -47,8 +44,7 @@ pub struct Triggers {
     pub policies: Policies,
     pub cluster_policies: ClusterPolicies,
     pub namespaces: Namespaces,
-    pub deployments: Store<Cached<Deployment>>,
-    pub stateful_sets: Store<Cached<StatefulSet>>,
+    pub workloads: Arc<Workloads>,
     pub tracker: Arc<Mutex<Tracker>>,
     /// Wakes ClusterSpreadPolicies (their controller's `reconcile_on`).
     pub cluster_tx: UnboundedSender<ClusterRef>,
@@ -111,16 +107,7 @@ impl Triggers {
 
     /// The workload `(ns, kind, name)` as cached.
     fn workload(&self, (ns, kind, name): &WorkloadRef) -> Option<Arc<Workload>> {
-        match kind {
-            WorkloadKind::Deployment => self
-                .deployments
-                .get(&ObjectRef::new(name).within(ns))
-                .map(|d| d.workload.clone()),
-            WorkloadKind::StatefulSet => self
-                .stateful_sets
-                .get(&ObjectRef::new(name).within(ns))
-                .map(|s| s.workload.clone()),
-        }
+        self.workloads.get(ns, *kind, name)
     }
 
     /// The SpreadPolicies to wake when the pods of `changed` workloads changed (the
