@@ -142,15 +142,22 @@ pub struct Operator {
 
 impl Operator {
     /// Started as the ServiceAccount of `kubeconfig`, for `namespace`, on a Lease of its own;
-    /// `RUST_LOG` is `BALLAST_BENCH_LOG` (default `info`), its log `dir/operator-<ns>.log`.
+    /// `RUST_LOG` is `BALLAST_BENCH_LOG` (default `info`), its log `dir/operator-<ns>.log`
+    /// (appended to).
     pub fn start(kubeconfig: &Path, dir: &Path, namespace: &str) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let log = dir.join(format!("operator-{namespace}.log"));
-        let file = std::fs::File::create(&log)?;
-        // `BALLAST_BENCH_OPERATOR_WRAPPER` (e.g. `heaptrack -o /tmp/ballast`) runs the operator
-        // under a profiler; its RSS rows then measure the wrapper's process, not the operator's.
+        // Appended to: a restarted operator (P3) keeps the log of the one before.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        // `BALLAST_BENCH_OPERATOR_WRAPPER` runs the operator under a profiler, e.g. a script
+        // that runs `heaptrack -o /tmp/ht-$$ "$@"` (a file per process: P3 restarts the
+        // operator, and a fixed name would keep only the restarted one's). Its RSS rows then
+        // measure the wrapper's process, not the operator's.
         let wrapper = std::env::var("BALLAST_BENCH_OPERATOR_WRAPPER").unwrap_or_default();
         let mut words = wrapper.split_whitespace();
         let mut cmd = match words.next() {
