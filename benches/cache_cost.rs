@@ -67,66 +67,72 @@ fn copies<K: Resource + serde::de::DeserializeOwned>(fixture: &str, i: usize) ->
     serde_json::from_value(v).expect("object")
 }
 
+/// Live bytes and allocations per object that `fill` leaves allocated: it returns what keeps
+/// them (dropped once counted) and how many it keeps, which must be N.
+fn per_kept<T>(fill: impl FnOnce() -> (T, usize)) -> (f64, f64) {
+    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
+    let (kept, n) = fill();
+    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
+    assert_eq!(n, N);
+    drop(kept);
+    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+}
+
 /// Live bytes and allocations per object kept in a reflector store, after `trim`.
 fn per_object<K>(fixture: &str, trim: impl Fn(&mut K)) -> (f64, f64)
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    let (reader, mut writer) = reflector::store::<K>();
-    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
-    for i in 0..N {
-        let mut obj: K = copies(fixture, i);
-        trim(&mut obj);
-        writer.apply_watcher_event(&watcher::Event::Apply(obj));
-    }
-    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
-    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
-    assert_eq!(reader.state().len(), N);
-    drop((reader, writer));
-    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+    per_kept(|| {
+        let (reader, mut writer) = reflector::store::<K>();
+        for i in 0..N {
+            let mut obj: K = copies(fixture, i);
+            trim(&mut obj);
+            writer.apply_watcher_event(&watcher::Event::Apply(obj));
+        }
+        let n = reader.state().len();
+        ((reader, writer), n)
+    })
 }
 
 /// Live bytes and allocations per Deployment filed in the SpreadPolicy controller's
 /// [`Workloads`] index (its view), as its watch's first list fills it.
 fn per_workload_in_index(fixture: &str) -> (f64, f64) {
-    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
-    let index = Workloads::default();
-    let kind = ballast::api::spread_policy::WorkloadKind::Deployment;
-    index.apply::<Deployment>(kind, &watcher::Event::Init);
-    for i in 0..N {
-        let d: Cached<Deployment> = copies(fixture, i);
-        index.apply(kind, &watcher::Event::InitApply(d));
-    }
-    index.apply::<Deployment>(kind, &watcher::Event::InitDone);
-    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
-    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
-    assert_eq!(index.len(), N);
-    drop(index);
-    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+    per_kept(|| {
+        let index = Workloads::default();
+        let kind = ballast::api::spread_policy::WorkloadKind::Deployment;
+        index.apply::<Deployment>(kind, &watcher::Event::Init);
+        for i in 0..N {
+            let d: Cached<Deployment> = copies(fixture, i);
+            index.apply(kind, &watcher::Event::InitApply(d));
+        }
+        index.apply::<Deployment>(kind, &watcher::Event::InitDone);
+        let n = index.len();
+        (index, n)
+    })
 }
 
 /// Live bytes and allocations per ReplicaSet filed in the RolloutStrategy controller's
 /// [`ReplicaSets`] index, as its watch's first list fills it: ReplicaSet `i` of Deployment
 /// `w<i>`, with a uid of its own.
 fn per_replica_set_in_index(fixture: &str) -> (f64, f64) {
-    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
-    let index = ReplicaSets::default();
-    index.apply(&watcher::Event::Init);
-    for i in 0..N {
-        let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
-        v["metadata"]["name"] = format!("w{i:05}-7977c7f9b5").into();
-        v["metadata"]["ownerReferences"][0]["name"] = format!("w{i:05}").into();
-        v["metadata"]["ownerReferences"][0]["uid"] =
-            format!("00000000-0000-0000-0000-{i:012}").into();
-        let rs: CachedReplicaSet = serde_json::from_value(v).expect("ReplicaSet");
-        index.apply(&watcher::Event::InitApply(rs));
-    }
-    index.apply(&watcher::Event::InitDone);
-    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
-    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
-    assert_eq!(index.len(), N);
-    drop(index);
-    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+    per_kept(|| {
+        let index = ReplicaSets::default();
+        index.apply(&watcher::Event::Init);
+        for i in 0..N {
+            let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
+            v["metadata"]["name"] = format!("w{i:05}-7977c7f9b5").into();
+            v["metadata"]["ownerReferences"][0]["name"] = format!("w{i:05}").into();
+            v["metadata"]["ownerReferences"][0]["uid"] =
+                format!("00000000-0000-0000-0000-{i:012}").into();
+            let rs: CachedReplicaSet = serde_json::from_value(v).expect("ReplicaSet");
+            index.apply(&watcher::Event::InitApply(rs));
+        }
+        index.apply(&watcher::Event::InitDone);
+        let n = index.len();
+        (index, n)
+    })
 }
 
 /// The pod fixture as pod `i` of Deployment `w<i/3>` (three pods a Deployment), with its own
@@ -149,34 +155,30 @@ fn pod_copy(fixture: &str, i: usize) -> serde_json::Value {
 /// Live bytes and allocations per pod filed in the SpreadPolicy controller's [`PodIndex`],
 /// as its watch's first list fills it.
 fn per_pod_in_index(fixture: &str) -> (f64, f64) {
-    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
-    let index = PodIndex::default();
-    index.apply(watcher::Event::Init);
-    for i in 0..N {
-        let pod: WatchedPod = serde_json::from_value(pod_copy(fixture, i)).expect("pod");
-        index.apply(watcher::Event::InitApply(pod));
-    }
-    index.apply(watcher::Event::InitDone);
-    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
-    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
-    assert_eq!(index.len(), N);
-    drop(index);
-    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+    per_kept(|| {
+        let index = PodIndex::default();
+        index.apply(watcher::Event::Init);
+        for i in 0..N {
+            let pod: WatchedPod = serde_json::from_value(pod_copy(fixture, i)).expect("pod");
+            index.apply(watcher::Event::InitApply(pod));
+        }
+        index.apply(watcher::Event::InitDone);
+        let n = index.len();
+        (index, n)
+    })
 }
 
 /// The pod as received, in a reflector store (the floor).
 fn per_pod_as_received(fixture: &str) -> (f64, f64) {
-    let (reader, mut writer) = reflector::store::<Pod>();
-    let (bytes0, allocs0) = (LIVE_BYTES.load(Relaxed), LIVE_ALLOCS.load(Relaxed));
-    for i in 0..N {
-        let pod: Pod = serde_json::from_value(pod_copy(fixture, i)).expect("pod");
-        writer.apply_watcher_event(&watcher::Event::Apply(pod));
-    }
-    let bytes = LIVE_BYTES.load(Relaxed) - bytes0;
-    let allocs = LIVE_ALLOCS.load(Relaxed) - allocs0;
-    assert_eq!(reader.state().len(), N);
-    drop((reader, writer));
-    (bytes as f64 / N as f64, allocs as f64 / N as f64)
+    per_kept(|| {
+        let (reader, mut writer) = reflector::store::<Pod>();
+        for i in 0..N {
+            let pod: Pod = serde_json::from_value(pod_copy(fixture, i)).expect("pod");
+            writer.apply_watcher_event(&watcher::Event::Apply(pod));
+        }
+        let n = reader.state().len();
+        ((reader, writer), n)
+    })
 }
 
 fn row(what: &str, (bytes, allocs): (f64, f64)) -> f64 {

@@ -220,28 +220,23 @@ mod tests {
         n
     }
 
+    /// `rs` as the watch sends it changed (or new).
+    fn apply(index: &ReplicaSets, rs: CachedReplicaSet) {
+        index.apply(&watcher::Event::Apply(rs));
+    }
+
+    /// ReplicaSet `name` of Deployment `web` (uid `d1`).
+    fn of_web(name: &str, image: &str, available: i32) -> CachedReplicaSet {
+        rs(name, Some(("web", "d1")), image, available)
+    }
+
     #[test]
     fn a_replica_set_is_filed_under_the_deployment_that_controls_it() {
         let index = ReplicaSets::default();
-        index.apply(&watcher::Event::Apply(rs(
-            "web-1",
-            Some(("web", "d1")),
-            "web:1",
-            3,
-        )));
-        index.apply(&watcher::Event::Apply(rs(
-            "web-2",
-            Some(("web", "d1")),
-            "web:2",
-            0,
-        )));
-        index.apply(&watcher::Event::Apply(rs(
-            "api-1",
-            Some(("api", "d2")),
-            "api:1",
-            1,
-        )));
-        index.apply(&watcher::Event::Apply(rs("orphan", None, "web:1", 1)));
+        apply(&index, of_web("web-1", "web:1", 3));
+        apply(&index, of_web("web-2", "web:2", 0));
+        apply(&index, rs("api-1", Some(("api", "d2")), "api:1", 1));
+        apply(&index, rs("orphan", None, "web:1", 1));
         let web = index.of("shop", "web", "d1");
         assert_eq!(names(&web), ["web-1", "web-2"]);
         let first = web.iter().find(|v| v.name == "web-1").unwrap();
@@ -262,29 +257,14 @@ mod tests {
     #[test]
     fn a_change_replaces_a_deletion_removes_and_a_new_controller_moves() {
         let index = ReplicaSets::default();
-        index.apply(&watcher::Event::Apply(rs(
-            "web-1",
-            Some(("web", "d1")),
-            "web:1",
-            0,
-        )));
-        index.apply(&watcher::Event::Apply(rs(
-            "web-1",
-            Some(("web", "d1")),
-            "web:1",
-            2,
-        )));
+        apply(&index, of_web("web-1", "web:1", 0));
+        apply(&index, of_web("web-1", "web:1", 2));
         let web = index.of("shop", "web", "d1");
         assert_eq!((web.len(), web[0].available), (1, 2));
         // Orphaned, then adopted by another Deployment.
-        index.apply(&watcher::Event::Apply(rs("web-1", None, "web:1", 2)));
+        apply(&index, rs("web-1", None, "web:1", 2));
         assert!(index.of("shop", "web", "d1").is_empty());
-        index.apply(&watcher::Event::Apply(rs(
-            "web-1",
-            Some(("web2", "d3")),
-            "web:1",
-            2,
-        )));
+        apply(&index, rs("web-1", Some(("web2", "d3")), "web:1", 2));
         assert_eq!(names(&index.of("shop", "web2", "d3")), ["web-1"]);
         index.apply(&watcher::Event::Delete(rs(
             "web-1",
@@ -303,19 +283,9 @@ mod tests {
     #[test]
     fn a_relist_replaces_the_index_when_it_is_done() {
         let index = ReplicaSets::default();
-        index.apply(&watcher::Event::Apply(rs(
-            "gone",
-            Some(("web", "d1")),
-            "web:1",
-            1,
-        )));
+        apply(&index, of_web("gone", "web:1", 1));
         index.apply(&watcher::Event::Init);
-        index.apply(&watcher::Event::InitApply(rs(
-            "web-2",
-            Some(("web", "d1")),
-            "web:2",
-            1,
-        )));
+        index.apply(&watcher::Event::InitApply(of_web("web-2", "web:2", 1)));
         // Until the list is done, reads see the index as it was.
         assert_eq!(names(&index.of("shop", "web", "d1")), ["gone"]);
         index.apply(&watcher::Event::InitDone);
