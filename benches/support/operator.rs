@@ -168,6 +168,8 @@ impl Operator {
             }
             None => Command::new(env!("CARGO_BIN_EXE_ballast")),
         };
+        // A process group of its own: a wrapper's children are stopped with it (below).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd
             .env("KUBECONFIG", kubeconfig)
             .env(
@@ -297,10 +299,15 @@ impl Operator {
     }
 }
 
+/// Stops the operator as a Deployment's rollout would: SIGTERM to the manager (to the `ballast`
+/// process of its group, so that under a wrapper such as heaptrack the manager gets it, not the
+/// wrapper, which would leave it running), then SIGKILL to the whole group after 15 s.
 impl Drop for Operator {
     fn drop(&mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let group = self.child.id().to_string();
+        let _ = Command::new("pkill")
+            .args(["-TERM", "-g", &group, "-x", "ballast"])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -308,7 +315,9 @@ impl Drop for Operator {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.child.kill();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{group}")])
+            .status();
         let _ = self.child.wait();
     }
 }
