@@ -107,6 +107,20 @@ fn template_revision<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, 
     Ok(template.map(|t| revision::of_template(&revision::deployment_template_of(&t))))
 }
 
+impl CachedReplicaSet {
+    /// The owner reference of the Deployment that controls it, if one does: what the watch's
+    /// trigger and the index file it under.
+    pub fn controlling_deployment(
+        &self,
+    ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+        self.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Deployment" && o.controller == Some(true))
+    }
+}
+
 /// Served at the API of `$api` (ReplicaSet, Deployment): a cached view of one is a
 /// [`kube::Resource`] of the same kind, so the watches and caches take it as they would it.
 macro_rules! resource_as {

@@ -143,14 +143,6 @@ fn strategies_for(
         .collect()
 }
 
-/// The Deployment that controls ReplicaSet `rs`.
-fn owner_deployment(rs: &cache::CachedReplicaSet) -> Option<String> {
-    rs.owner_references()
-        .iter()
-        .find(|o| o.kind == "Deployment" && o.controller == Some(true))
-        .map(|o| o.name.clone())
-}
-
 pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
     let health = &ctx.health;
@@ -260,13 +252,12 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
             strategies_for(&s1, d.namespace(), &d.name_any())
         })
         // Where a rollout stands (mid points, completion) is in the ReplicaSets.
-        .watches_stream(
-            replica_sets,
-            move |r: cache::CachedReplicaSet| match owner_deployment(&r) {
-                Some(d) => strategies_for(&s4, r.namespace(), &d),
+        .watches_stream(replica_sets, move |r: cache::CachedReplicaSet| {
+            match r.controlling_deployment() {
+                Some(d) => strategies_for(&s4, r.namespace(), &d.name),
                 None => vec![],
-            },
-        )
+            }
+        })
         .watches_stream(hook_pods, move |p: Pod| {
             let value = p
                 .labels()

@@ -52,10 +52,7 @@ fn group_key(ns: &str, deployment: &str, uid: &str) -> String {
 
 /// The group and entry of `rs`, if a Deployment controls it.
 fn filing(rs: &CachedReplicaSet) -> Option<(String, Entry)> {
-    let owner = rs
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "Deployment" && o.controller == Some(true))?;
+    let owner = rs.controlling_deployment()?;
     let group = group_key(
         rs.metadata.namespace.as_deref().unwrap_or_default(),
         &owner.name,
