@@ -248,6 +248,19 @@ mod tests {
             text.contains(r#"verb="get",group="",resource="/version",code="200"} 1"#),
             "{text}"
         );
+        // Timed too, to the deadline: in the 0.5 s bucket, not in the 0.25 s one.
+        let bucket = |le: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("ballast_api_request_duration_seconds_bucket{")
+                        && l.contains(r#"verb="get",group="",resource="configmaps""#)
+                        && l.contains(&format!("le=\"{le}\""))
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_string)
+        };
+        assert_eq!(bucket("0.25").as_deref(), Some("0"), "{text}");
+        assert_eq!(bucket("0.5").as_deref(), Some("1"), "{text}");
     }
 
     #[tokio::test]
@@ -272,6 +285,11 @@ mod tests {
         let text = metrics.render();
         assert!(
             text.contains(r#"verb="watch",group="",resource="configmaps",code="200"} 1"#),
+            "{text}"
+        );
+        // Counted, never timed: its response is the stream.
+        assert!(
+            !text.contains(r#"verb="watch",group="",resource="configmaps"}"#),
             "{text}"
         );
     }

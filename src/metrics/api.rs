@@ -3,16 +3,22 @@
 //! as RBAC names them (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
 //! `deletecollection`; `pods/log`). It shows steady-state traffic, and it is how a test proves
 //! that the ClusterRole grants nothing the manager does not use.
+//!
+//! `ballast_api_request_duration_seconds{verb,group,resource}`: how long each request other than
+//! a watch took, from sending it until its response headers came (client-go's
+//! `rest_client_request_duration_seconds`): where a slow reconcile spends its time, say a
+//! Deployment write that the API server's admission makes slow.
 
 use http::{Method, Request, Response, Uri};
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family},
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
 };
 use std::{
     future::Future,
     pin::Pin,
     task::{Context, Poll},
+    time::Instant,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -28,6 +34,26 @@ pub struct ApiRequestLabels {
     pub resource: String,
     /// HTTP status, or `timeout` / `error` when no response came.
     pub code: String,
+}
+
+/// The labels of a request's duration: no response code, so that a series is one kind of
+/// request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiDurationLabels {
+    pub verb: &'static str,
+    pub group: String,
+    pub resource: String,
+}
+
+/// Buckets of [`ApiDurationLabels`], in seconds: a request to an API server nearby takes
+/// milliseconds; one at the client's limit (`--api-timeout-seconds`, 30) lands in +Inf.
+pub const DURATION_BUCKETS: [f64; 12] = [
+    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A family of request durations with [`DURATION_BUCKETS`].
+pub fn duration_family() -> Family<ApiDurationLabels, Histogram> {
+    Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS))
 }
 
 /// What a request does, in RBAC's terms.
@@ -97,15 +123,20 @@ fn non_resource_verb(method: &Method) -> &'static str {
     }
 }
 
-/// Counts each request into a family of [`ApiRequestLabels`].
+/// Counts each request into a family of [`ApiRequestLabels`], and times each but the watches
+/// into one of [`ApiDurationLabels`].
 #[derive(Clone)]
 pub struct ApiMetricsLayer {
     family: Family<ApiRequestLabels, Counter>,
+    durations: Family<ApiDurationLabels, Histogram>,
 }
 
 impl ApiMetricsLayer {
-    pub fn new(family: Family<ApiRequestLabels, Counter>) -> Self {
-        Self { family }
+    pub fn new(
+        family: Family<ApiRequestLabels, Counter>,
+        durations: Family<ApiDurationLabels, Histogram>,
+    ) -> Self {
+        Self { family, durations }
     }
 }
 
@@ -116,6 +147,7 @@ impl<S> Layer<S> for ApiMetricsLayer {
         ApiMetrics {
             inner,
             family: self.family.clone(),
+            durations: self.durations.clone(),
         }
     }
 }
@@ -123,6 +155,7 @@ impl<S> Layer<S> for ApiMetricsLayer {
 pub struct ApiMetrics<S> {
     inner: S,
     family: Family<ApiRequestLabels, Counter>,
+    durations: Family<ApiDurationLabels, Histogram>,
 }
 
 impl<S, ReqB, ResB> Service<Request<ReqB>> for ApiMetrics<S>
@@ -142,9 +175,21 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let target = classify(req.method(), req.uri());
         let family = self.family.clone();
+        let durations = self.durations.clone();
+        let started = Instant::now();
         let response = self.inner.call(req);
         Box::pin(async move {
             let result = response.await.map_err(Into::into);
+            // A watch's response comes at once and its body streams for minutes: not timed.
+            if target.verb != "watch" {
+                durations
+                    .get_or_create(&ApiDurationLabels {
+                        verb: target.verb,
+                        group: target.group.clone(),
+                        resource: target.resource.clone(),
+                    })
+                    .observe(started.elapsed().as_secs_f64());
+            }
             let code = match &result {
                 Ok(r) => r.status().as_u16().to_string(),
                 Err(e) if e.is::<crate::client::TimedOut>() => "timeout".into(),

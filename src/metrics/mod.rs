@@ -88,6 +88,7 @@ pub struct Metrics {
     pub rollout_phases: Family<PhaseLabels, Counter>,
     pub leader: Gauge,
     pub api_requests: Family<api::ApiRequestLabels, Counter>,
+    pub api_request_durations: Family<api::ApiDurationLabels, Histogram>,
     /// 1 for the RolloutStrategy gate in force (`admission` or `pause-at-rest`), 0 for the other.
     pub gate: Family<GateLabels, Gauge>,
     /// Per RolloutStrategy, 1 for its phase and 0 for the others (kube-state-metrics style).
@@ -113,6 +114,7 @@ impl Default for Metrics {
         let rollout_phases = Family::<PhaseLabels, Counter>::default();
         let leader = Gauge::default();
         let api_requests = Family::<api::ApiRequestLabels, Counter>::default();
+        let api_request_durations = api::duration_family();
         let gate = Family::<GateLabels, Gauge>::default();
         let rollout_strategy_phase = Family::<ObjectPhaseLabels, Gauge>::default();
         let spread_policy_infeasible_pods = Family::<ObjectLabels, Gauge>::default();
@@ -168,6 +170,11 @@ impl Default for Metrics {
             api_requests.clone(),
         );
         registry.register(
+            "api_request_duration_seconds",
+            "Time from sending a request to the API server to its response, by verb, group and resource (watches left out)",
+            api_request_durations.clone(),
+        );
+        registry.register(
             "gate",
             "1 for how RolloutStrategy holds governed Deployments: mode=admission (the revision gate) or mode=pause-at-rest",
             gate.clone(),
@@ -183,6 +190,7 @@ impl Default for Metrics {
             rollout_phases,
             leader,
             api_requests,
+            api_request_durations,
             gate,
             rollout_strategy_phase,
             spread_policy_infeasible_pods,
@@ -248,9 +256,13 @@ impl Metrics {
         out
     }
 
-    /// The tower layer that counts the client's requests into `api_requests`.
+    /// The tower layer that counts the client's requests into `api_requests` and times them
+    /// into `api_request_durations`.
     pub fn api_layer(&self) -> api::ApiMetricsLayer {
-        api::ApiMetricsLayer::new(self.api_requests.clone())
+        api::ApiMetricsLayer::new(
+            self.api_requests.clone(),
+            self.api_request_durations.clone(),
+        )
     }
 
     pub fn count_reconcile(&self, controller: &'static str, seconds: f64) {
