@@ -14,6 +14,7 @@ use super::perform::{self, Target};
 use super::plan::{ANNOTATION_POLICY, Plan, rolling_out_for};
 use super::select::{Governor, cluster_owner};
 use super::sync::{Run, next_look, node_infos, run_namespace, set_finalizers, workloads_in};
+use super::top::Top;
 use super::{FINALIZER, State, error::Error, status};
 use crate::api::cluster_spread_policy::{
     ClusterSpreadPolicy, ClusterSpreadPolicySpec, ClusterSpreadPolicyStatus,
@@ -53,10 +54,13 @@ pub fn combine(plans: &[(String, &Plan)]) -> Plan {
         ..Default::default()
     };
     let mut spread = distribution::Summary::default();
+    let mut workloads = Top::new(MAX_WORKLOAD_STATUSES, super::plan::problems_first);
     for (ns, p) in plans {
         out.matched = out.matched.saturating_add(p.matched);
         out.applied = out.applied.saturating_add(p.applied);
-        out.workloads.extend(p.workloads.iter().cloned());
+        for w in &p.workloads {
+            workloads.push(w.clone());
+        }
         out.conflicts.extend(p.conflicts.iter().cloned());
         out.shortfalls
             .extend(p.shortfalls.iter().map(|m| format!("{ns}/{m}")));
@@ -71,7 +75,7 @@ pub fn combine(plans: &[(String, &Plan)]) -> Plan {
         out.writes.extend(p.writes.iter().cloned());
         out.invalid = out.invalid.clone().or_else(|| p.invalid.clone());
         out.released &= p.released;
-        spread.merge(&p.spread);
+        spread.merge(p.spread.clone());
         out.skewed.extend(p.skewed.iter().cloned());
         out.rebalancing |= p.rebalancing;
         out.rebalance_wait = match (out.rebalance_wait, p.rebalance_wait) {
@@ -79,15 +83,7 @@ pub fn combine(plans: &[(String, &Plan)]) -> Plan {
             (a, b) => a.or(b),
         };
     }
-    out.workloads.sort_by_key(|s| {
-        (
-            s.state == super::plan::state::APPLIED,
-            s.kind,
-            s.namespace.clone(),
-            s.name.clone(),
-        )
-    });
-    out.workloads.truncate(MAX_WORKLOAD_STATUSES);
+    out.workloads = workloads.into_vec();
     out.distribution = spread.distribution();
     out
 }

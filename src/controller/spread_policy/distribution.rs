@@ -13,6 +13,7 @@
 
 use super::feasibility::{self, NodeInfo};
 use super::pods::{Phase, PodView};
+use super::top::Top;
 use super::workload::{Rollout, Workload};
 use crate::api::spread_distribution::{
     LevelDistribution, MAX_DISTRIBUTION_WORKLOADS, MAX_LISTED_DOMAINS, MAX_PENDING_REASONS,
@@ -257,14 +258,37 @@ pub fn skew_message(d: &WorkloadDistribution) -> String {
 /// then the skew over what is allowed, then kind, namespace and name. A plan over thousands of
 /// workloads holds no more than twice that many at once; a ClusterSpreadPolicy adds up its
 /// namespaces' summaries ([`Summary::merge`]).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
     governed: i32,
     skewed: i32,
     running_pods: i32,
     pending_pods: i32,
-    /// The furthest off so far, with their excess skew; trimmed when it doubles.
-    top: Vec<(WorkloadDistribution, i32)>,
+    /// The furthest off, with their excess skew.
+    top: Top<(WorkloadDistribution, i32)>,
+}
+
+impl Default for Summary {
+    fn default() -> Self {
+        Self {
+            governed: 0,
+            skewed: 0,
+            running_pods: 0,
+            pending_pods: 0,
+            top: Top::new(MAX_DISTRIBUTION_WORKLOADS, furthest_off_first),
+        }
+    }
+}
+
+/// Pending pods first, then the skew over what is allowed, then kind, namespace and name.
+fn furthest_off_first(
+    (a, ea): &(WorkloadDistribution, i32),
+    (b, eb): &(WorkloadDistribution, i32),
+) -> std::cmp::Ordering {
+    (b.pending > 0)
+        .cmp(&(a.pending > 0))
+        .then(eb.cmp(ea))
+        .then_with(|| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)))
 }
 
 impl Summary {
@@ -275,42 +299,31 @@ impl Summary {
         self.running_pods = self.running_pods.saturating_add(d.running);
         self.pending_pods = self.pending_pods.saturating_add(d.pending);
         self.top.push((d, excess));
-        if self.top.len() >= 2 * MAX_DISTRIBUTION_WORKLOADS {
-            self.trim();
-        }
     }
 
-    /// Adds up another summary (another namespace's): the furthest off of both are among the
-    /// furthest off of each.
-    pub fn merge(&mut self, other: &Summary) {
+    /// Adds up another summary (another namespace's).
+    pub fn merge(&mut self, other: Summary) {
         self.governed = self.governed.saturating_add(other.governed);
         self.skewed = self.skewed.saturating_add(other.skewed);
         self.running_pods = self.running_pods.saturating_add(other.running_pods);
         self.pending_pods = self.pending_pods.saturating_add(other.pending_pods);
-        self.top.extend(other.top.iter().cloned());
-        self.trim();
-    }
-
-    fn trim(&mut self) {
-        self.top.sort_by(|(a, ea), (b, eb)| {
-            (b.pending > 0)
-                .cmp(&(a.pending > 0))
-                .then(eb.cmp(ea))
-                .then_with(|| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)))
-        });
-        self.top.truncate(MAX_DISTRIBUTION_WORKLOADS);
+        self.top.merge(other.top);
     }
 
     /// What status says of it.
     pub fn distribution(&self) -> SpreadDistribution {
-        let mut kept = self.clone();
-        kept.trim();
         SpreadDistribution {
             governed: self.governed,
             skewed: self.skewed,
             running_pods: self.running_pods,
             pending_pods: self.pending_pods,
-            workloads: kept.top.into_iter().map(|(d, _)| d).collect(),
+            workloads: self
+                .top
+                .clone()
+                .into_vec()
+                .into_iter()
+                .map(|(d, _)| d)
+                .collect(),
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod select;
 pub mod status;
 mod sync;
 pub mod terms;
+pub mod top;
 pub mod tracker;
 mod triggers;
 pub mod workload;

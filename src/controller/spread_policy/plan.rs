@@ -12,6 +12,7 @@ use super::rebalance::{self, Eviction};
 use super::scale_down::{CostWrite, cost_writes};
 use super::select::{Governor, precedence, selects, validate_selector, winner};
 use super::terms::{Terms, desired_terms, duplicate_constraints};
+use super::top::Top;
 use super::tracker::Seen;
 use super::workload::{Rollout, Workload};
 use crate::api::spread_distribution::SpreadDistribution;
@@ -284,7 +285,7 @@ pub fn plan(inp: &Inputs) -> Plan {
 
     let mut workloads: Vec<&Workload> = inp.workloads.iter().map(|w| &**w).collect();
     workloads.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
-    let mut statuses = Statuses::default();
+    let mut statuses = Top::new(MAX_WORKLOAD_STATUSES, problems_first);
     let mut warned = BTreeSet::new();
     let nodes: Nodes = inp.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let mut spread = distribution::Summary::default();
@@ -501,35 +502,15 @@ pub fn plan(inp: &Inputs) -> Plan {
     out
 }
 
-/// The workload statuses a policy's status lists: problems first, then by kind and name, at
-/// most [`MAX_WORKLOAD_STATUSES`]. Trimmed as they come, so a plan over thousands of workloads
-/// holds no more than twice that many.
-#[derive(Default)]
-struct Statuses(Vec<WorkloadStatus>);
-
-impl Statuses {
-    fn push(&mut self, s: WorkloadStatus) {
-        self.0.push(s);
-        if self.0.len() >= 2 * MAX_WORKLOAD_STATUSES {
-            self.trim();
-        }
-    }
-
-    fn trim(&mut self) {
-        self.0.sort_by(|a, b| {
-            (a.state == state::APPLIED, a.kind, &a.name).cmp(&(
-                b.state == state::APPLIED,
-                b.kind,
-                &b.name,
-            ))
-        });
-        self.0.truncate(MAX_WORKLOAD_STATUSES);
-    }
-
-    fn into_vec(mut self) -> Vec<WorkloadStatus> {
-        self.trim();
-        self.0
-    }
+/// The order of the workload statuses a policy's status lists ([`MAX_WORKLOAD_STATUSES`] of
+/// them): problems first, then by kind, namespace and name.
+pub(super) fn problems_first(a: &WorkloadStatus, b: &WorkloadStatus) -> std::cmp::Ordering {
+    (a.state == state::APPLIED, a.kind, &a.namespace, &a.name).cmp(&(
+        b.state == state::APPLIED,
+        b.kind,
+        &b.namespace,
+        &b.name,
+    ))
 }
 
 #[cfg(test)]
