@@ -258,6 +258,39 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
     };
     adopt(&env, 2, MIGRATE).await;
     assert_eq!(label(&env.deployment("web").await).as_deref(), Some("true"));
+    // Deployment and strategy in the same gate shard, the shard bindings' (config/admission).
+    let shard = ballast::controller::rollout_strategy::gate::shard_of("web");
+    let shard_of_deployment = |d: &k8s_openapi::api::apps::v1::Deployment| {
+        d.labels().get("ballast.dev/gate-shard").cloned()
+    };
+    assert_eq!(shard_of_deployment(&env.deployment("web").await), Some(shard.clone()));
+    wait_until(
+        "the strategy labelled with its Deployment's gate shard",
+        Duration::from_secs(20),
+        || async {
+            let got = env.c.kubectl_ok(&[
+                "get",
+                "rolloutstrategy/web",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.metadata.labels.ballast\\.dev/gate-shard}",
+            ]);
+            (got.trim() == shard).then_some(())
+        },
+    )
+    .await;
+    // Another shard set by hand is undone by the gate in that same write.
+    let other = if shard == "0" { "1" } else { "0" };
+    env.c.kubectl_ok(&[
+        "label",
+        "deployment/web",
+        &format!("ballast.dev/gate-shard={other}"),
+        "--overwrite",
+        "-n",
+        &ns,
+    ]);
+    assert_eq!(shard_of_deployment(&env.deployment("web").await), Some(shard.clone()));
     // A strategy whose Deployment does not exist yet: marked too (only a create can make it).
     env.apply(&STRATEGY.replace("name: web}", "name: later}"));
     wait_until(
@@ -334,6 +367,7 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
     let d = env.deployment("web").await;
     assert_eq!(label(&d), None, "{:?}", d.labels());
     assert!(!d.labels().contains_key("ballast.dev/rollout-phase"));
+    assert_eq!(shard_of_deployment(&d), None);
     assert!(!d.annotations().contains_key("ballast.dev/rollout-strategy"));
     assert_ne!(d.spec.as_ref().unwrap().paused, Some(true));
     // And its template changes are no longer paused.

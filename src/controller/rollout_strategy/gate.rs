@@ -38,6 +38,29 @@ pub const GOVERNED_LABEL: &str = "ballast.dev/governed";
 /// binding that evaluates every update of the namespace may leave this strategy out.
 pub const TARGET_GOVERNED_LABEL: &str = "ballast.dev/target-governed";
 
+/// On a governed Deployment and on its RolloutStrategy: the gate shard of the Deployment's name
+/// ([`shard_of`]). The revision gate and the hold bind each shard on its own, with only the
+/// strategies of that shard as params: the API server evaluates a policy once per param, each
+/// time converting the Deployment (old and new) for CEL, so a write of a governed Deployment in a
+/// namespace of many strategies costs as if there were about 1/[`SHARDS`] of them. Without the
+/// label (not set yet, or removed), or with any other value, the bindings that take every
+/// strategy of the namespace apply, as before shards; a strategy without it is a param of every
+/// shard.
+pub const SHARD_LABEL: &str = "ballast.dev/gate-shard";
+/// Gate shards; `config/admission` has one binding of each policy per shard.
+pub const SHARDS: u32 = 8;
+
+/// The gate shard of Deployment `name`: FNV-1a (32 bits) of the name, modulo [`SHARDS`]. Stable
+/// across versions: the labels of Deployments and strategies already out there depend on it.
+pub fn shard_of(name: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % SHARDS).to_string()
+}
+
 /// The revision gate as `config/admission` ships it (before kustomize's `namePrefix`).
 const SHIPPED: &str = include_str!("../../../config/admission/revision_gate.yaml");
 /// Name of the policy and its binding as `config/default` installs them.
@@ -506,6 +529,86 @@ mod tests {
     }
 
     #[test]
+    fn the_gate_shard_of_a_name_is_fnv_1a_and_stays_so() {
+        // Deployments and strategies out there carry these: a change would part them.
+        let shards: Vec<String> = ["", "a", "web", "h-00", "r-0"]
+            .iter()
+            .map(|n| shard_of(n))
+            .collect();
+        assert_eq!(shards, ["5", "4", "1", "6", "0"]);
+    }
+
+    /// The `ballast.dev/gate-shard` values of a selector's expressions with `operator`.
+    fn shard_values(selector: &serde_yaml::Value, operator: &str) -> Option<Vec<String>> {
+        selector["matchExpressions"]
+            .as_sequence()?
+            .iter()
+            .find(|e| e["key"] == SHARD_LABEL && e["operator"] == operator)
+            .map(|e| {
+                e["values"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+                    .collect()
+            })
+    }
+
+    /// Both policies' bindings of governed Deployments cover every gate shard, each with its own
+    /// strategies and the unlabelled ones, and a Deployment of no shard with every strategy: a
+    /// revision of a governed Deployment is never evaluated without its strategy.
+    #[test]
+    fn every_gate_shard_is_bound_with_its_strategies_and_no_shard_with_all() {
+        let all: Vec<String> = (0..SHARDS).map(|i| i.to_string()).collect();
+        for file in [
+            SHIPPED,
+            include_str!("../../../config/admission/revision_hold.yaml"),
+        ] {
+            let bindings: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(file)
+                .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+                .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Binding")))
+                .collect();
+            let of_governed = |b: &&serde_yaml::Value| {
+                b["spec"]["matchResources"]["objectSelector"]["matchExpressions"]
+                    .as_sequence()
+                    .is_some_and(|e| {
+                        e.iter().any(|e| {
+                            e["key"] == GOVERNED_LABEL && e["operator"] == "Exists"
+                                || e["key"]
+                                    == crate::controller::rollout_strategy::machine::PHASE_LABEL
+                        })
+                    })
+            };
+            let governed: Vec<&serde_yaml::Value> = bindings.iter().filter(of_governed).collect();
+            let object = |b: &serde_yaml::Value, op| {
+                shard_values(&b["spec"]["matchResources"]["objectSelector"], op)
+            };
+            let params =
+                |b: &serde_yaml::Value, op| shard_values(&b["spec"]["paramRef"]["selector"], op);
+            // No shard (or another value): every strategy.
+            let fallback: Vec<_> = governed
+                .iter()
+                .filter(|b| object(b, "NotIn").as_ref() == Some(&all))
+                .collect();
+            assert_eq!(fallback.len(), 1, "{file}");
+            assert_eq!(
+                fallback[0]["spec"]["paramRef"]["selector"],
+                serde_yaml::Value::Mapping(Default::default())
+            );
+            for i in &all {
+                let others: Vec<String> = all.iter().filter(|j| *j != i).cloned().collect();
+                let of_shard: Vec<_> = governed
+                    .iter()
+                    .filter(|b| object(b, "In") == Some(vec![i.clone()]))
+                    .collect();
+                assert_eq!(of_shard.len(), 1, "shard {i}");
+                assert_eq!(params(of_shard[0], "NotIn"), Some(others), "shard {i}");
+            }
+            assert_eq!(governed.len(), all.len() + 1);
+        }
+    }
+
+    #[test]
     fn auto_uses_the_gate_only_when_served_and_installed_as_shipped() {
         let m = decide(GateFlag::Auto, DEFAULT_POLICY_NAME, &installed());
         assert_eq!(m.gate, Gate::Admission, "{}", m.reason);
@@ -527,14 +630,19 @@ mod tests {
         assert_eq!(m.gate, Gate::PauseAtRest);
         assert!(m.reason.contains("not installed"), "{}", m.reason);
 
+        let names = binding_names(DEFAULT_POLICY_NAME);
         assert_eq!(
-            binding_names(DEFAULT_POLICY_NAME),
+            names[..3],
             [
                 "ballast-revision-gate",
                 "ballast-revision-gate-governed",
                 "ballast-revision-gate-adopting"
             ]
         );
+        let shards: Vec<String> = (0..SHARDS)
+            .map(|i| format!("ballast-revision-gate-shard-{i}"))
+            .collect();
+        assert_eq!(names[3..], shards);
         for name in binding_names(DEFAULT_POLICY_NAME) {
             let mut s = installed();
             s.bindings.remove(&name);

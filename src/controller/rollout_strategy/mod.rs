@@ -478,6 +478,8 @@ fn plan(
         rejected,
         gate: st.gates.current().gate,
         target_marked: strategy.labels().contains_key(gate::TARGET_GOVERNED_LABEL),
+        target_shard_labelled: strategy.labels().get(gate::SHARD_LABEL)
+            == Some(&gate::shard_of(&strategy.spec.target_ref.name)),
         webhooks: &webhooks,
     })
 }
@@ -766,6 +768,7 @@ fn took_effect(
                 if let Some(d) = observed.deployment.as_mut() {
                     d.phase_label = Some(machine::phase_name(*phase).to_string());
                     d.governed_label = true;
+                    d.gate_shard = Some(gate::shard_of(&d.name));
                     d.annotations.remove(machine::PHASE_LABEL);
                     d.annotations.insert(
                         machine::STRATEGY_ANNOTATION.to_string(),
@@ -774,7 +777,9 @@ fn took_effect(
                 }
             }
             Effect::MarkTarget(covered) => {
+                let shard = gate::shard_of(&strategy.spec.target_ref.name);
                 let labels = strategy.metadata.labels.get_or_insert_default();
+                labels.insert(gate::SHARD_LABEL.to_string(), shard);
                 if *covered {
                     labels.insert(gate::TARGET_GOVERNED_LABEL.to_string(), "true".to_string());
                 } else {

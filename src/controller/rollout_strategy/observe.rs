@@ -88,6 +88,8 @@ pub struct DeploymentView {
     pub governed_label: bool,
     /// The Deployment's label [`super::machine::PHASE_LABEL`].
     pub phase_label: Option<String>,
+    /// The Deployment's label [`super::gate::SHARD_LABEL`].
+    pub gate_shard: Option<String>,
     /// The field manager that set `spec.paused`, if the API server credits one (a change made
     /// by admission, such as the revision gate's, is credited to nobody).
     pub paused_by: Option<String>,
@@ -224,6 +226,7 @@ impl DeploymentView {
             paused_by: paused_by(d),
             governed_label: d.labels().contains_key(super::gate::GOVERNED_LABEL),
             phase_label: d.labels().get(super::machine::PHASE_LABEL).cloned(),
+            gate_shard: d.labels().get(super::gate::SHARD_LABEL).cloned(),
         }
     }
 }

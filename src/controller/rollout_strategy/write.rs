@@ -10,7 +10,7 @@
 use super::CONTROLLER;
 use super::error::Error;
 use super::expect::{Expectations, Key};
-use super::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
+use super::gate::{GOVERNED_LABEL, SHARD_LABEL, TARGET_GOVERNED_LABEL, shard_of};
 use super::hooks;
 use super::machine::{Decision, Effect, PHASE_LABEL, STRATEGY_ANNOTATION};
 use super::observe::Observed;
@@ -106,6 +106,7 @@ pub fn paused_body(
         body["metadata"]["labels"] = serde_json::json!({
             GOVERNED_LABEL: "true",
             PHASE_LABEL: super::machine::phase_name(m.phase),
+            SHARD_LABEL: shard_of(name),
         });
     }
     body
@@ -169,7 +170,11 @@ pub async fn annotate(
     let patch = serde_json::json!({"metadata": {
         // The phase was an annotation before: gone from there.
         "annotations": {STRATEGY_ANNOTATION: strategy, PHASE_LABEL: null},
-        "labels": {GOVERNED_LABEL: "true", PHASE_LABEL: super::machine::phase_name(phase)},
+        "labels": {
+            GOVERNED_LABEL: "true",
+            PHASE_LABEL: super::machine::phase_name(phase),
+            SHARD_LABEL: shard_of(name),
+        },
     }});
     merge_metadata(client, ns, name, &patch).await
 }
@@ -182,7 +187,7 @@ pub async fn remove_deployment_metadata(
 ) -> Result<(), Error> {
     let patch = serde_json::json!({"metadata": {
         "annotations": {STRATEGY_ANNOTATION: null, PHASE_LABEL: null},
-        "labels": {GOVERNED_LABEL: null, PHASE_LABEL: null},
+        "labels": {GOVERNED_LABEL: null, PHASE_LABEL: null, SHARD_LABEL: null},
     }});
     match merge_metadata(client, ns, name, &patch).await {
         Err(Error::Deployment(kube::Error::Api(s))) if s.code == 404 => Ok(()),
@@ -286,17 +291,22 @@ pub async fn delete_job(client: &Client, ns: &str, name: &str) -> Result<(), Err
     }
 }
 
-/// Sets or removes the strategy's [`TARGET_GOVERNED_LABEL`] (a merge patch; repeated, the
-/// same). Returns the strategy's resourceVersion written.
+/// Sets or removes the strategy's [`TARGET_GOVERNED_LABEL`], and labels it with the gate shard
+/// of its Deployment `target` ([`SHARD_LABEL`]) (a merge patch; repeated, the same). Returns the
+/// strategy's resourceVersion written.
 pub async fn mark_target(
     client: &Client,
     ns: &str,
     name: &str,
+    target: &str,
     covered: bool,
 ) -> Result<Option<String>, Error> {
     let api: Api<crate::api::RolloutStrategy> = Api::namespaced(client.clone(), ns);
     let value = covered.then_some("true");
-    let patch = serde_json::json!({"metadata": {"labels": {TARGET_GOVERNED_LABEL: value}}});
+    let patch = serde_json::json!({"metadata": {"labels": {
+        TARGET_GOVERNED_LABEL: value,
+        SHARD_LABEL: shard_of(target),
+    }}});
     match api
         .patch(name, &update_params(), &Patch::Merge(&patch))
         .await
@@ -522,7 +532,7 @@ pub async fn perform(effect: &Effect, a: &Act<'_>) -> Result<Option<String>, Err
                     return Err(Error::Conflict);
                 }
             }
-            return mark_target(client, &ns, &name, *covered).await;
+            return mark_target(client, &ns, &name, target, *covered).await;
         }
         Effect::RemoveAnnotation(key) => {
             let api: Api<RolloutStrategy> = Api::namespaced(client.clone(), &ns);
@@ -567,6 +577,7 @@ mod tests {
         assert_eq!(b["spec"]["paused"], true);
         assert_eq!(b["metadata"]["labels"][PHASE_LABEL], "MidHook");
         assert_eq!(b["metadata"]["labels"][GOVERNED_LABEL], "true");
+        assert_eq!(b["metadata"]["labels"][SHARD_LABEL], shard_of("web"));
         assert_eq!(b["metadata"]["annotations"][STRATEGY_ANNOTATION], "web");
         assert!(b["metadata"].get("resourceVersion").is_none());
         let b = paused_body("web", false, Some("42"), None);

@@ -74,14 +74,18 @@ pub enum Effect {
     /// Remove an annotation of the strategy once acted on.
     RemoveAnnotation(&'static str),
     /// Say on the Deployment which strategy governs it and the phase it is in
-    /// ([`STRATEGY_ANNOTATION`], [`PHASE_LABEL`]), and label it [`GOVERNED_LABEL`].
+    /// ([`STRATEGY_ANNOTATION`], [`PHASE_LABEL`]), and label it [`GOVERNED_LABEL`] and with its
+    /// gate shard ([`SHARD_LABEL`]).
     Annotate(RolloutPhase),
     /// Set (`true`) or remove the strategy's [`TARGET_GOVERNED_LABEL`]: whether the revision
     /// gate's cheap bindings cover its Deployment, so the costly one may leave the strategy out.
+    /// Either way the strategy is labelled with its Deployment's gate shard ([`SHARD_LABEL`]).
     MarkTarget(bool),
 }
 
-pub use crate::controller::rollout_strategy::gate::{GOVERNED_LABEL, TARGET_GOVERNED_LABEL};
+pub use crate::controller::rollout_strategy::gate::{
+    GOVERNED_LABEL, SHARD_LABEL, TARGET_GOVERNED_LABEL, shard_of,
+};
 pub use plan::{Plan, plan};
 
 /// On a governed Deployment: the RolloutStrategy that governs it.
@@ -231,6 +235,8 @@ pub struct Input<'a> {
     pub gate: Gate,
     /// The strategy carries [`TARGET_GOVERNED_LABEL`].
     pub target_marked: bool,
+    /// The strategy carries [`SHARD_LABEL`] with its Deployment's shard.
+    pub target_shard_labelled: bool,
     /// What webhook hooks are decided on.
     pub webhooks: &'a Webhooks,
 }
@@ -570,6 +576,7 @@ impl<'a> Machine<'a> {
             // Left by an earlier version, which kept the phase in an annotation.
             || dep.annotation(PHASE_LABEL).is_some()
             || !dep.governed_label
+            || dep.gate_shard.as_deref() != Some(shard_of(&dep.name).as_str())
         {
             self.effect(Effect::Annotate(phase));
         }
@@ -591,7 +598,8 @@ impl<'a> Machine<'a> {
                 .iter()
                 .any(|e| matches!(e, Effect::Annotate(_)));
         let covered = labelling || self.i.deployment.is_none_or(|d| d.governed_label);
-        if covered != self.i.target_marked {
+        // Marked, it is labelled with its gate shard too (`config/admission`'s shard bindings).
+        if covered != self.i.target_marked || (covered && !self.i.target_shard_labelled) {
             self.effect(Effect::MarkTarget(covered));
         }
     }

@@ -56,6 +56,7 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
         annotations: Default::default(),
         governed_label: false,
         phase_label: None,
+        gate_shard: Some(crate::controller::rollout_strategy::gate::shard_of("web")),
         paused_by: paused.then(|| crate::k8s::ROLLOUT_STRATEGY_MANAGER.to_string()),
         replica_sets: vec![ReplicaSetView {
             name: format!("web-{rev}"),
@@ -187,6 +188,7 @@ struct Case<'a> {
     now: i64,
     gate: Gate,
     target_marked: bool,
+    target_shard_labelled: bool,
     webhooks: Webhooks,
 }
 
@@ -206,6 +208,7 @@ impl<'a> Case<'a> {
             now: 20,
             gate: Gate::PauseAtRest,
             target_marked: false,
+            target_shard_labelled: true,
             webhooks: Webhooks {
                 namespace: "shop".into(),
                 uid: "uid-1".into(),
@@ -260,6 +263,7 @@ impl<'a> Case<'a> {
             rejected: self.rejected.as_ref(),
             gate: self.gate,
             target_marked: self.target_marked,
+            target_shard_labelled: self.target_shard_labelled,
             webhooks: &self.webhooks,
         }
     }
@@ -2120,6 +2124,58 @@ fn the_deployment_is_annotated_with_its_strategy_and_phase_and_labelled_governed
     let mut c = Case::new(full(), Default::default(), dep(OLD, true));
     c.governed_by = Some("older");
     assert!(c.decide_all().effects.is_empty());
+}
+
+#[test]
+fn a_deployment_and_its_strategy_are_kept_labelled_with_the_gate_shard() {
+    use crate::controller::rollout_strategy::gate::shard_of;
+    let mut labelled = dep(OLD, false);
+    labelled.governed_label = true;
+    labelled.phase_label = Some("Succeeded".into());
+    labelled.annotations = [(STRATEGY_ANNOTATION.to_string(), "web".to_string())].into();
+    let effects = |c: &Case| c.decide_all().effects;
+    let mut c = Case::new(full(), at_rest(OLD), labelled.clone()).admission();
+    c.target_marked = true;
+    let settled = effects(&c);
+    assert!(
+        !settled
+            .iter()
+            .any(|e| matches!(e, Effect::Annotate(_) | Effect::MarkTarget(_))),
+        "{settled:?}"
+    );
+    // The Deployment's shard missing (an earlier version) or not its own (edited by hand):
+    // written again, as the other labels are.
+    for shard in [None, Some(if shard_of("web") == "0" { "1" } else { "0" })] {
+        let mut d = labelled.clone();
+        d.gate_shard = shard.map(str::to_string);
+        let mut c = Case::new(full(), at_rest(OLD), d).admission();
+        c.target_marked = true;
+        assert!(
+            effects(&c).iter().any(|e| matches!(e, Effect::Annotate(_))),
+            "{shard:?}"
+        );
+    }
+    // The strategy marked but without its shard: marked again, which labels it.
+    let mut c = Case::new(full(), at_rest(OLD), labelled.clone()).admission();
+    c.target_marked = true;
+    c.target_shard_labelled = false;
+    assert_eq!(
+        effects(&c)
+            .into_iter()
+            .filter(|e| matches!(e, Effect::MarkTarget(_)))
+            .collect::<Vec<_>>(),
+        [Effect::MarkTarget(true)]
+    );
+    // Not covered (its Deployment unlabelled, governed by an older strategy): the mark stays
+    // off, whatever the shard.
+    let mut c = Case::new(full(), Default::default(), dep(OLD, false));
+    c.governed_by = Some("older");
+    c.target_shard_labelled = false;
+    assert!(
+        !effects(&c)
+            .iter()
+            .any(|e| matches!(e, Effect::MarkTarget(_))),
+    );
 }
 
 #[test]
