@@ -44,7 +44,7 @@
 #[path = "support/mod.rs"]
 mod support;
 use support::operator::{
-    Operator, admission_synced, controller_counters, delta, load_average, machine,
+    Operator, RequestSeconds, admission_synced, controller_counters, delta, load_average, machine,
     operator_kubeconfig, quantile, requests_but_watches,
 };
 use support::{Kubectl, Row, client, env_usize, print_table, repo_root, write_results};
@@ -831,6 +831,9 @@ struct Measured {
     hook_revisions: usize,
     hook_requests: u64,
     hook_requests_by_kind: BTreeMap<String, u64>,
+    /// The operator's mean time per request in P5's governed phases, by `verb group/resource`
+    /// (`ballast_api_request_duration_seconds`).
+    hook_request_ms: BTreeMap<String, f64>,
     hook_jobs_created: usize,
     rollout_requests: u64,
     rollout_requests_by_kind: BTreeMap<String, u64>,
@@ -936,7 +939,9 @@ async fn measure(
     let mut hooks = Vec::new();
     hooks.extend(hook_phase(&obs, client, &ns_floor, false, s.deployments, first.clone()).await?);
     let before = operator.metrics().await?;
-    let counters0 = controller_counters(&operator.metrics_text().await?, "rollout-strategy");
+    let text0 = operator.metrics_text().await?;
+    let counters0 = controller_counters(&text0, "rollout-strategy");
+    let seconds0 = RequestSeconds::parse(&text0);
     let cpu0 = operator.cpu_secs()?;
     hooks.extend(hook_phase(&obs, client, &ns_ballast, true, s.deployments, first).await?);
     hooks.extend(
@@ -953,10 +958,9 @@ async fn measure(
     hooks.extend(hook_phase(&obs, client, &ns_floor, false, s.deployments, second).await?);
     drop(floor_controller);
     let after = operator.settle(s.quiet).await?;
-    let hook_counters = delta(
-        &controller_counters(&operator.metrics_text().await?, "rollout-strategy"),
-        &counters0,
-    );
+    let text1 = operator.metrics_text().await?;
+    let hook_counters = delta(&controller_counters(&text1, "rollout-strategy"), &counters0);
+    let hook_request_ms = RequestSeconds::parse(&text1).mean_ms_since(&seconds0);
     let ms = |ballast: bool| -> Vec<f64> {
         hooks
             .iter()
@@ -1024,6 +1028,7 @@ async fn measure(
         hook_ballast_ms,
         hooks,
         hook_counters,
+        hook_request_ms,
         rollout_plain_secs: alone.plain,
         rollout_governed_secs: alone.governed,
         rollout_admission_evaluations: alone.admission_evaluations,
@@ -1218,6 +1223,14 @@ async fn run(s: &Settings) -> Result<()> {
     println!(
         "Operator requests over the P5 phases ({} revisions): {:?}",
         m.hook_revisions, m.hook_requests_by_kind
+    );
+    println!(
+        "Operator's mean ms per request over the P5 phases: {}",
+        m.hook_request_ms
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
         "Operator requests over the P6 phase ({} revisions): {:?}",

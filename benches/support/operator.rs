@@ -369,6 +369,64 @@ impl Requests {
     }
 }
 
+/// `ballast_api_request_duration_seconds`: by `verb group/resource`, the seconds summed and the
+/// requests timed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestSeconds(pub BTreeMap<String, (f64, f64)>);
+
+impl RequestSeconds {
+    pub fn parse(metrics: &str) -> Self {
+        let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for l in metrics.lines() {
+            let (series, which) = if let Some(r) =
+                l.strip_prefix("ballast_api_request_duration_seconds_sum{")
+            {
+                (r, 0)
+            } else if let Some(r) = l.strip_prefix("ballast_api_request_duration_seconds_count{") {
+                (r, 1)
+            } else {
+                continue;
+            };
+            let label = |key: &str| -> String {
+                let Some(start) = series.find(&format!("{key}=\"")) else {
+                    return String::new();
+                };
+                let rest = &series[start + key.len() + 2..];
+                rest[..rest.find('"').unwrap_or(rest.len())].to_string()
+            };
+            let Some(value) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            let group = label("group");
+            let resource = label("resource");
+            let gr = if group.is_empty() {
+                resource
+            } else {
+                format!("{group}/{resource}")
+            };
+            let e = out.entry(format!("{} {gr}", label("verb"))).or_default();
+            if which == 0 {
+                e.0 += value;
+            } else {
+                e.1 += value;
+            }
+        }
+        RequestSeconds(out)
+    }
+
+    /// The mean milliseconds of each kind of request made since `before`.
+    pub fn mean_ms_since(&self, before: &RequestSeconds) -> BTreeMap<String, f64> {
+        self.0
+            .iter()
+            .filter_map(|(k, (sum, count))| {
+                let (s0, c0) = before.0.get(k).copied().unwrap_or_default();
+                let n = count - c0;
+                (n > 0.0).then(|| (k.clone(), (sum - s0) / n * 1000.0))
+            })
+            .collect()
+    }
+}
+
 /// Requests of a delta but watches, and the same by `verb group/resource code`.
 pub fn requests_but_watches(
     delta: &BTreeMap<(String, String, String, String), u64>,
