@@ -756,6 +756,9 @@ struct P6Set {
     plain: Vec<f64>,
     governed: Vec<f64>,
     admission_evaluations: f64,
+    /// Writes of Deployments and ReplicaSets the API server refused with 409 (a conflict) during
+    /// the plain rollouts, then the governed ones ([`conflicts`]).
+    conflicts: [f64; 2],
 }
 
 async fn p6_set(
@@ -768,6 +771,7 @@ async fn p6_set(
 ) -> Result<P6Set> {
     let evaluations0 = admission_evaluations(client).await?;
     let (mut plain, mut governed) = (Vec::new(), Vec::new());
+    let mut conflicted = [0.0; 2];
     for i in 0..rollouts {
         let k = k0 + i as u32;
         let order = if i % 2 == 0 {
@@ -778,7 +782,9 @@ async fn p6_set(
         for g in order {
             tokio::time::sleep(Duration::from_secs(2)).await;
             let ns = if g { ns_ballast } else { ns_floor };
+            let c0 = conflicts(client).await?;
             let secs = rollout(obs, client, ns, g, k).await?;
+            conflicted[usize::from(g)] += conflicts(client).await? - c0;
             if g {
                 governed.push(secs);
             } else {
@@ -790,7 +796,25 @@ async fn p6_set(
         plain,
         governed,
         admission_evaluations: admission_evaluations(client).await? - evaluations0,
+        conflicts: conflicted,
     })
+}
+
+/// How many writes of Deployments and ReplicaSets (the Deployment controller's status updates,
+/// scales, ballast's label writes) the API server has refused with a conflict so far: a write
+/// that bumps a Deployment's resourceVersion while the Deployment controller syncs it makes
+/// that controller's next status update fail and sync again. From the API server's `/metrics`.
+async fn conflicts(client: &Client) -> Result<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"409\""))
+        .filter(|l| {
+            l.contains("resource=\"deployments\"") || l.contains("resource=\"replicasets\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
 }
 
 /// How many times the API server has evaluated the match conditions of ballast's admission
@@ -828,6 +852,8 @@ struct Measured {
     crowded_plain_secs: Vec<f64>,
     crowded_governed_secs: Vec<f64>,
     crowded_admission_evaluations: f64,
+    /// Conflicts ([`conflicts`]) during P6's plain and governed rollouts, strategy alone.
+    rollout_conflicts: [f64; 2],
     hook_revisions: usize,
     hook_requests: u64,
     hook_requests_by_kind: BTreeMap<String, u64>,
@@ -1036,6 +1062,7 @@ async fn measure(
         crowded_plain_secs: crowded.plain,
         crowded_governed_secs: crowded.governed,
         crowded_admission_evaluations: crowded.admission_evaluations,
+        rollout_conflicts: alone.conflicts,
         hook_revisions,
         hook_requests,
         hook_requests_by_kind,
@@ -1149,6 +1176,22 @@ fn rows(m: &Measured) -> Vec<Row> {
             "{:.0} / {:.0}",
             per(m.rollout_admission_evaluations, m.rollout_governed_secs.len()),
             per(m.crowded_admission_evaluations, m.crowded_governed_secs.len())
+        ),
+        ratio: String::new(),
+        goal: String::new(),
+        pass: None,
+    });
+    rows.push(Row {
+        id: "P6",
+        measure: "Deployment and ReplicaSet writes refused as conflicts, per rollout (alone)"
+            .into(),
+        floor: format!(
+            "{:.1}",
+            per(m.rollout_conflicts[0], m.rollout_plain_secs.len())
+        ),
+        ballast: format!(
+            "{:.1}",
+            per(m.rollout_conflicts[1], m.rollout_governed_secs.len())
         ),
         ratio: String::new(),
         goal: String::new(),
