@@ -263,7 +263,10 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
     let shard_of_deployment = |d: &k8s_openapi::api::apps::v1::Deployment| {
         d.labels().get("ballast.dev/gate-shard").cloned()
     };
-    assert_eq!(shard_of_deployment(&env.deployment("web").await), Some(shard.clone()));
+    assert_eq!(
+        shard_of_deployment(&env.deployment("web").await),
+        Some(shard.clone())
+    );
     wait_until(
         "the strategy labelled with its Deployment's gate shard",
         Duration::from_secs(20),
@@ -290,7 +293,10 @@ async fn governed_deployments_are_labelled_strategies_marked_and_every_revision_
         "-n",
         &ns,
     ]);
-    assert_eq!(shard_of_deployment(&env.deployment("web").await), Some(shard.clone()));
+    assert_eq!(
+        shard_of_deployment(&env.deployment("web").await),
+        Some(shard.clone())
+    );
     // A strategy whose Deployment does not exist yet: marked too (only a create can make it).
     env.apply(&STRATEGY.replace("name: web}", "name: later}"));
     wait_until(
