@@ -41,6 +41,13 @@ fn exported() -> BTreeSet<String> {
             code: "200".into(),
         })
         .inc();
+    m.api_request_durations
+        .get_or_create(&ballast::metrics::api::ApiDurationLabels {
+            verb: "get",
+            group: String::new(),
+            resource: "pods".into(),
+        })
+        .observe(0.01);
     m.set_gate(true);
     m.set_rollout_phase("shop", "web", Some("Failed"));
     m.set_spread_infeasible("shop", "web-ha", Some(1));
