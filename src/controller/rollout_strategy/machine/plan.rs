@@ -6,20 +6,12 @@
 //! - when a step changes nothing (the plan is complete);
 //! - after the first step, when that one writes something besides status: its writes rest on
 //!   the status read, which is recorded already;
-//! - before any write that a later step asks for (a pause, a Job created or deleted, a scale, a
-//!   template restored): every such write relies on the status before it being recorded (an
-//!   attempt number before its Job exists, the replicas set aside before the scale to 0), so the
-//!   plan ends with the status so far and says so ([`Plan::more`]); once that status is
-//!   written, the next plan starts with that write.
-//!
-//! One write is taken in the same plan instead, ahead of the status that leads to it: an
-//! unpause that is the step's only write (the hooks before it passed, the revision is let go).
-//! It rests on nothing the status records that the cluster does not show itself (the hook's
-//! Job is complete, the approval is on the strategy), and waiting for that status to be written
-//! first cost a request between a hook's end and the rollout (P5 in docs/performance.md). Should
-//! the status write then fail (the manager stops, or the strategy changed meanwhile), the next
-//! decision finds the Deployment unpaused in a phase that holds it: it pauses it again, records
-//! the hooks' results from their Jobs and lets it go again. Nothing runs twice.
+//! - before any write that a later step asks for (a pause or an unpause, a Job created or
+//!   deleted, a scale, a template restored): every write relies on the status before it being
+//!   recorded (an attempt number before its Job exists, the replicas set aside before the scale
+//!   to 0, the phase before the Deployment is let go), so the plan ends with the status so far
+//!   and says so ([`Plan::more`]); once that status is written, the next plan starts with that
+//!   write.
 //!
 //! The status of a plan is what the steps one after the other would have recorded last, and
 //! its Events are all of theirs: the story is the same, told with fewer writes. A plan that stops
@@ -60,19 +52,6 @@ pub fn plan(i: &Input) -> Plan {
         };
         let mut d = decide(&input);
         let writes: Vec<&Effect> = d.effects.iter().filter(|e| !bookkeeping(e)).collect();
-        if previous.is_some() && matches!(writes.as_slice(), [Effect::Unpause]) {
-            // Let go ahead of the status that leads to it (module docs): one plan, whose status
-            // is this step's and whose Events are all of them.
-            events.append(&mut d.events);
-            hook_results.append(&mut d.hook_results);
-            d.events = events;
-            d.hook_results = hook_results;
-            d.prune.clear();
-            return Plan {
-                decision: d,
-                more: false,
-            };
-        }
         if let Some(mut previous) = previous.take()
             && !writes.is_empty()
         {

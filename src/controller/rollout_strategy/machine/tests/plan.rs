@@ -68,7 +68,7 @@ fn rounds(c: &Case) -> Vec<Plan> {
 }
 
 #[test]
-fn a_pre_hook_that_completes_lets_the_deployment_go_then_is_recorded_in_one_plan() {
+fn a_pre_hook_that_completes_is_recorded_then_the_deployment_unpaused_in_one_reconcile() {
     for gate in [Gate::Admission, Gate::PauseAtRest] {
         let mut c = Case::new(
             pre_only(),
@@ -81,50 +81,28 @@ fn a_pre_hook_that_completes_lets_the_deployment_go_then_is_recorded_in_one_plan
         .jobs(vec![succeeded_job("migrate")]);
         c.gate = gate;
         let r = rounds(&c);
-        assert_eq!(r.len(), 1, "{gate:?}: {r:?}");
-        // The unpause first (a round performs its writes before its status), then the record:
-        // the hook succeeded, the revision rolls and was let go.
-        let d = &r[0].decision;
-        assert_eq!(d.effects, [Effect::Unpause]);
-        assert_eq!(d.status.phase, Some(RolloutPhase::Rolling));
-        assert_eq!(hook(d, "migrate").phase, HookPhase::Succeeded);
-        assert_eq!(d.status.released_revision.as_deref(), Some(NEW));
-        assert_eq!(reasons(d), ["HookSucceeded"]);
-        assert_eq!(d.hook_results.len(), 1);
+        assert_eq!(r.len(), 2, "{gate:?}: {r:?}");
+        // First the record: the hook succeeded, the revision rolls.
+        let first = &r[0].decision;
+        assert!(first.effects.is_empty(), "{:?}", first.effects);
+        assert_eq!(first.status.phase, Some(RolloutPhase::Rolling));
+        assert_eq!(hook(first, "migrate").phase, HookPhase::Succeeded);
+        assert_eq!(first.status.released_revision, None);
+        assert_eq!(reasons(first), ["HookSucceeded"]);
+        assert_eq!(first.hook_results.len(), 1);
+        // Then the unpause, and that it was let go.
+        let second = &r[1].decision;
+        assert_eq!(second.effects, [Effect::Unpause]);
+        assert_eq!(second.status.released_revision.as_deref(), Some(NEW));
     }
-}
-
-/// The status of the unpause's plan not written (the manager stopped between the two writes):
-/// the next decision, on the status before, pauses the Deployment again, and the one after lets
-/// it go with the hook's result taken from its Job. No second Job.
-#[test]
-fn a_status_lost_after_the_unpause_pauses_again_and_lets_go_without_a_second_job() {
-    let before = status(
-        RolloutPhase::PreHook,
-        vec![running("migrate", HookPoint::Pre)],
-    );
-    let c = Case::new(pre_only(), before.clone(), dep(NEW, false))
-        .jobs(vec![succeeded_job("migrate")])
-        .admission();
-    let p = c.plan();
-    assert_eq!(p.decision.effects, [Effect::Pause]);
-    let c = Case::new(pre_only(), p.decision.status, dep(NEW, true))
-        .jobs(vec![succeeded_job("migrate")])
-        .admission();
-    let r = rounds(&c);
-    let effects: Vec<&Effect> = r.iter().flat_map(|p| &p.decision.effects).collect();
-    assert_eq!(effects, [&Effect::Unpause], "{r:?}");
-    let last = &r.last().unwrap().decision;
-    assert_eq!(last.status.phase, Some(RolloutPhase::Rolling));
-    assert_eq!(hook(last, "migrate").phase, HookPhase::Succeeded);
 }
 
 #[test]
 fn a_revision_without_hooks_is_let_go_in_one_reconcile_and_succeeds_in_one_plan() {
     let r = rounds(&Case::new(no_hooks(), at_rest(OLD), dep(NEW, true)).admission());
-    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r.len(), 2, "{r:?}");
     let first = &r[0].decision;
-    assert_eq!(first.effects, [Effect::Unpause]);
+    assert!(first.effects.is_empty(), "{:?}", first.effects);
     assert_eq!(
         first.status.phase,
         Some(RolloutPhase::Rolling),
@@ -132,8 +110,9 @@ fn a_revision_without_hooks_is_let_go_in_one_reconcile_and_succeeds_in_one_plan(
     );
     assert_eq!(first.status.current_revision.as_deref(), Some(NEW));
     assert_eq!(reasons(first), [ROLLOUT_STARTED]);
+    assert_eq!(r[1].decision.effects, [Effect::Unpause]);
     // Rolled out: no post hook, so straight to Succeeded.
-    let p = Case::new(no_hooks(), r[0].decision.status.clone(), dep(NEW, false))
+    let p = Case::new(no_hooks(), r[1].decision.status.clone(), dep(NEW, false))
         .admission()
         .plan();
     assert!(p.decision.effects.is_empty(), "{:?}", p.decision.effects);
@@ -217,13 +196,19 @@ fn a_failure_is_recorded_before_the_rollback() {
 
 #[test]
 fn an_unpause_carries_the_phase_label_and_the_mark_follows_it() {
-    let c = Case::new(no_hooks(), at_rest(OLD), dep(NEW, true)).admission();
-    let p = c.plan_all();
-    assert!(!p.more);
+    let mut c = Case::new(no_hooks(), at_rest(OLD), dep(NEW, true)).admission();
+    let first = c.plan_all();
+    assert!(first.more);
+    assert!(
+        first.decision.effects.is_empty(),
+        "no label write of its own before the unpause: {:?}",
+        first.decision.effects
+    );
+    c.status = first.decision.status;
     assert_eq!(
-        p.decision.effects,
+        c.plan_all().decision.effects,
         [Effect::Unpause, Effect::MarkTarget(true)],
-        "no label write of its own: the unpause labels; the mark follows it"
+        "the unpause labels; the mark follows it"
     );
     // A decision without a pause or an unpause labels on its own.
     let p = Case::new(pre_only(), at_rest(OLD), dep(NEW, true))
