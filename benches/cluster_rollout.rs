@@ -805,14 +805,21 @@ async fn p6_set(
 /// that bumps a Deployment's resourceVersion while the Deployment controller syncs it makes
 /// that controller's next status update fail and sync again. From the API server's `/metrics`.
 async fn conflicts(client: &Client) -> Result<f64> {
+    apiserver_sum(client, |l| {
+        l.starts_with("apiserver_request_total{")
+            && l.contains("code=\"409\"")
+            && (l.contains("resource=\"deployments\"") || l.contains("resource=\"replicasets\""))
+    })
+    .await
+}
+
+/// The sum of the API server's `/metrics` series (lines) that `pick` selects.
+async fn apiserver_sum(client: &Client, pick: impl Fn(&str) -> bool) -> Result<f64> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
     Ok(text
         .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"409\""))
-        .filter(|l| {
-            l.contains("resource=\"deployments\"") || l.contains("resource=\"replicasets\"")
-        })
+        .filter(|l| pick(l))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum())
 }
@@ -823,14 +830,11 @@ async fn conflicts(client: &Client) -> Result<f64> {
 /// and counts only the evaluations that do not match (`admission_match_condition_evaluation_
 /// seconds`). From the API server's own `/metrics`.
 async fn admission_evaluations(client: &Client) -> Result<f64> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_admission_match_condition_evaluation_seconds_count{"))
-        .filter(|l| l.contains("revision-gate\"") || l.contains("revision-hold\""))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum())
+    apiserver_sum(client, |l| {
+        l.starts_with("apiserver_admission_match_condition_evaluation_seconds_count{")
+            && (l.contains("revision-gate\"") || l.contains("revision-hold\""))
+    })
+    .await
 }
 
 /// The results of one run.

@@ -322,19 +322,21 @@ impl Drop for Operator {
     }
 }
 
+/// The value of label `key` in a series line of Prometheus text (empty when it has none).
+fn label(line: &str, key: &str) -> String {
+    let Some(start) = line.find(&format!("{key}=\"")) else {
+        return String::new();
+    };
+    let rest = &line[start + key.len() + 2..];
+    rest[..rest.find('"').unwrap_or(rest.len())].to_string()
+}
+
 /// `ballast_api_requests_total`, by `(verb, group, resource, code)`, but for the Lease.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Requests(pub BTreeMap<(String, String, String, String), u64>);
 
 impl Requests {
     pub fn parse(metrics: &str) -> Self {
-        let label = |line: &str, key: &str| -> String {
-            let Some(start) = line.find(&format!("{key}=\"")) else {
-                return String::new();
-            };
-            let rest = &line[start + key.len() + 2..];
-            rest[..rest.find('"').unwrap_or(rest.len())].to_string()
-        };
         Requests(
             metrics
                 .lines()
@@ -387,13 +389,7 @@ impl RequestSeconds {
             } else {
                 continue;
             };
-            let label = |key: &str| -> String {
-                let Some(start) = series.find(&format!("{key}=\"")) else {
-                    return String::new();
-                };
-                let rest = &series[start + key.len() + 2..];
-                rest[..rest.find('"').unwrap_or(rest.len())].to_string()
-            };
+            let label = |key: &str| label(series, key);
             let Some(value) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
                 continue;
             };
