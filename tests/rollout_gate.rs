@@ -458,11 +458,69 @@ async fn with_no_operator_a_new_strategy_gates_its_existing_deployment() {
             held,
             "{name} ({strategy}): paused by the gate"
         );
-        assert!(
-            !d.labels().contains_key("ballast.dev/rollout-phase"),
-            "{name}: no pre hooks, so no PreHook label from the gate"
+        // No pre hooks, so no PreHook label from the gate; a revision it lets through is
+        // labelled Rolling, the phase the manager takes it up in (no write of its own).
+        assert_eq!(
+            d.labels()
+                .get("ballast.dev/rollout-phase")
+                .map(String::as_str),
+            (!held).then_some("Rolling"),
+            "{name}: the phase label from the gate"
         );
     }
+    // The gate's Rolling label never overrides a phase written on purpose, nor one that holds
+    // a revision (the hold must stay bound until the manager takes the new revision up), and a
+    // paused Deployment is not rolling.
+    let phase = |d: &k8s_openapi::api::apps::v1::Deployment| {
+        d.labels().get("ballast.dev/rollout-phase").cloned()
+    };
+    for (label, image, want) in [
+        // Set by the write itself (Rolling before it, from the gate).
+        (None, "app=web:3", "Succeeded"),
+        // Holding before the write.
+        (Some("MidHook"), "app=web:4", "MidHook"),
+    ] {
+        if let Some(l) = label {
+            c.kubectl_ok(&[
+                "label",
+                "--overwrite",
+                "deployment/api",
+                &format!("ballast.dev/rollout-phase={l}"),
+                "-n",
+                &ns.name,
+            ]);
+        }
+        let patch = format!(
+            r#"{{"metadata":{{"labels":{{"ballast.dev/rollout-phase":"{want}"}}}},"spec":{{"template":{{"spec":{{"containers":[{{"name":"app","image":"{}"}}]}}}}}}}}"#,
+            image.trim_start_matches("app=")
+        );
+        c.kubectl_ok(&["patch", "deployment/api", "-n", &ns.name, "-p", &patch]);
+        let d = deployments.get("api").await.unwrap();
+        assert_eq!(phase(&d).as_deref(), Some(want), "{image}: kept {want}");
+    }
+    c.kubectl_ok(&["rollout", "pause", "deployment/api", "-n", &ns.name]);
+    c.kubectl_ok(&[
+        "label",
+        "--overwrite",
+        "deployment/api",
+        "ballast.dev/rollout-phase=Succeeded",
+        "-n",
+        &ns.name,
+    ]);
+    c.kubectl_ok(&[
+        "set",
+        "image",
+        "deployment/api",
+        "app=web:5",
+        "-n",
+        &ns.name,
+    ]);
+    let d = deployments.get("api").await.unwrap();
+    assert_eq!(
+        phase(&d).as_deref(),
+        Some("Succeeded"),
+        "paused: not rolling"
+    );
 }
 
 /// The hold in `WaitingExternal` (a webhook hook answered 202 Accepted) refuses a user's resume
