@@ -37,7 +37,7 @@
 //! finalizers dropped and the namespaces deleted whatever happens (error, panic, Ctrl-C,
 //! SIGTERM, SIGHUP). Results: a printed table and `bench/results/cluster_rollout-<UTC>.json`.
 //! Settings (environment): BALLAST_BENCH_HOOK_DEPLOYMENTS (20), BALLAST_BENCH_HOOK_REVISIONS
-//! (10 per Deployment and side, even), BALLAST_BENCH_ROLLOUTS (6 of each kind, even),
+//! (10 per Deployment and side, even), BALLAST_BENCH_ROLLOUTS (12 of each kind, even),
 //! BALLAST_BENCH_QUIET_SECS (5), BALLAST_BENCH_LOG (the operator's RUST_LOG, `info`). Results
 //! and how to read them: docs/benchmarks.md.
 
@@ -91,7 +91,7 @@ impl Settings {
         let s = Settings {
             deployments: env_usize("BALLAST_BENCH_HOOK_DEPLOYMENTS", 20)?,
             revisions: env_usize("BALLAST_BENCH_HOOK_REVISIONS", 10)?,
-            rollouts: env_usize("BALLAST_BENCH_ROLLOUTS", 6)?,
+            rollouts: env_usize("BALLAST_BENCH_ROLLOUTS", 12)?,
             quiet: Duration::from_secs(env_usize("BALLAST_BENCH_QUIET_SECS", 5)? as u64),
         };
         ensure!(
