@@ -219,6 +219,10 @@ struct Seen {
     unpaused: HashMap<RevKey, Instant>,
     /// First receive at which the rollout of revision k was complete.
     complete: HashMap<RevKey, Instant>,
+    /// First receive of a ReplicaSet of revision k (P6's segments).
+    rs_seen: HashMap<RevKey, Instant>,
+    /// First receive of that ReplicaSet with all of its Deployment's replicas available.
+    rs_full: HashMap<RevKey, Instant>,
 }
 
 impl Seen {
@@ -408,6 +412,22 @@ fn fold(seen: &mut Seen, ev: Ev, at: Instant) {
                 .iter()
                 .find(|o| o.kind == "Deployment")
                 .map(|o| o.name.clone());
+            if let Some(name) = &owner
+                && let Some(k) = revision_of(r.spec.as_ref().and_then(|s| s.template.as_ref()))
+            {
+                let key = (ns.clone(), name.clone(), k);
+                seen.rs_seen.entry(key.clone()).or_insert(at);
+                let want = seen
+                    .deployments
+                    .get(&(ns.clone(), name.clone()))
+                    .and_then(|d| d.spec.as_ref()?.replicas)
+                    .unwrap_or(1);
+                let full = r.spec.as_ref().and_then(|s| s.replicas) == Some(want)
+                    && r.status.as_ref().and_then(|s| s.available_replicas) == Some(want);
+                if full {
+                    seen.rs_full.entry(key).or_insert(at);
+                }
+            }
             seen.replica_sets.insert((ns.clone(), r.name_any()), r);
             if let Some(name) = owner
                 && let Some(k) = seen.rollout_complete(&ns, &name)
@@ -696,8 +716,20 @@ async fn hook_phase(
     Ok(hooks)
 }
 
-/// One P6 rollout of `r-0` in `ns`: the PATCH sent → the watch sees it complete, in seconds.
-async fn rollout(obs: &Observer, client: &Client, ns: &str, governed: bool, k: u32) -> Result<f64> {
+/// Where one P6 rollout's time went, in ms of the bench's receive times: the PATCH sent → the
+/// new ReplicaSet seen → it has every replica available → the rollout complete (the old one at
+/// 0, the Deployment's status current).
+type Segments = [f64; 3];
+
+/// One P6 rollout of `r-0` in `ns`: the PATCH sent → the watch sees it complete, in seconds,
+/// and its [`Segments`].
+async fn rollout(
+    obs: &Observer,
+    client: &Client,
+    ns: &str,
+    governed: bool,
+    k: u32,
+) -> Result<(f64, Segments)> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let stable = obs
         .seen
@@ -743,11 +775,23 @@ async fn rollout(obs: &Observer, client: &Client, ns: &str, governed: bool, k: u
         .await?;
     }
     let secs = (t1 - t0).as_secs_f64();
+    let (seen_at, full_at) = {
+        let seen = obs.seen.lock().expect("seen");
+        (
+            seen.rs_seen.get(&key).copied().unwrap_or(t0),
+            seen.rs_full.get(&key).copied().unwrap_or(t1),
+        )
+    };
+    let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+    let segments = [ms(t0, seen_at), ms(seen_at, full_at), ms(full_at, t1)];
     eprintln!(
-        "[bench] P6 {} rollout {k}: {secs:.2} s",
-        if governed { "governed" } else { "plain" }
+        "[bench] P6 {} rollout {k}: {secs:.2} s (ms: new ReplicaSet {:.0}, its replicas available {:.0}, complete {:.0})",
+        if governed { "governed" } else { "plain" },
+        segments[0],
+        segments[1],
+        segments[2],
     );
-    Ok(secs)
+    Ok((secs, segments))
 }
 
 /// One set of P6 rollouts, in ABBA pairs (plain, governed, governed, plain, ...), revisions
@@ -755,6 +799,8 @@ async fn rollout(obs: &Observer, client: &Client, ns: &str, governed: bool, k: u
 struct P6Set {
     plain: Vec<f64>,
     governed: Vec<f64>,
+    /// Each rollout's [`Segments`], plain, then governed.
+    segments: [Vec<Segments>; 2],
     admission_evaluations: f64,
     /// Writes of Deployments and ReplicaSets the API server refused with 409 (a conflict) during
     /// the plain rollouts, then the governed ones ([`conflicts`]).
@@ -771,6 +817,7 @@ async fn p6_set(
 ) -> Result<P6Set> {
     let evaluations0 = admission_evaluations(client).await?;
     let (mut plain, mut governed) = (Vec::new(), Vec::new());
+    let mut segments: [Vec<Segments>; 2] = Default::default();
     let mut conflicted = [0.0; 2];
     for i in 0..rollouts {
         let k = k0 + i as u32;
@@ -783,8 +830,9 @@ async fn p6_set(
             tokio::time::sleep(Duration::from_secs(2)).await;
             let ns = if g { ns_ballast } else { ns_floor };
             let c0 = conflicts(client).await?;
-            let secs = rollout(obs, client, ns, g, k).await?;
+            let (secs, parts) = rollout(obs, client, ns, g, k).await?;
             conflicted[usize::from(g)] += conflicts(client).await? - c0;
+            segments[usize::from(g)].push(parts);
             if g {
                 governed.push(secs);
             } else {
@@ -795,6 +843,7 @@ async fn p6_set(
     Ok(P6Set {
         plain,
         governed,
+        segments,
         admission_evaluations: admission_evaluations(client).await? - evaluations0,
         conflicts: conflicted,
     })
@@ -858,6 +907,8 @@ struct Measured {
     crowded_admission_evaluations: f64,
     /// Conflicts ([`conflicts`]) during P6's plain and governed rollouts, strategy alone.
     rollout_conflicts: [f64; 2],
+    /// Each P6 rollout's [`Segments`] (ms), strategy alone: plain, then governed.
+    rollout_segments_ms: [Vec<Segments>; 2],
     hook_revisions: usize,
     hook_requests: u64,
     hook_requests_by_kind: BTreeMap<String, u64>,
@@ -1067,6 +1118,7 @@ async fn measure(
         crowded_governed_secs: crowded.governed,
         crowded_admission_evaluations: crowded.admission_evaluations,
         rollout_conflicts: alone.conflicts,
+        rollout_segments_ms: alone.segments,
         hook_revisions,
         hook_requests,
         hook_requests_by_kind,
@@ -1197,6 +1249,33 @@ fn rows(m: &Measured) -> Vec<Row> {
             "{:.1}",
             per(m.rollout_conflicts[1], m.rollout_governed_secs.len())
         ),
+        ratio: String::new(),
+        goal: String::new(),
+        pass: None,
+    });
+    // Where the rollouts' time went: the median of each segment, plain and governed.
+    let part = |kind: usize, i: usize| {
+        median(
+            &m.rollout_segments_ms[kind]
+                .iter()
+                .map(|s| s[i])
+                .collect::<Vec<_>>(),
+        )
+    };
+    let parts = |kind: usize| {
+        format!(
+            "{:.0} / {:.0} / {:.0}",
+            part(kind, 0),
+            part(kind, 1),
+            part(kind, 2)
+        )
+    };
+    rows.push(Row {
+        id: "P6",
+        measure: "median ms (alone): to the new ReplicaSet / its replicas available / complete"
+            .into(),
+        floor: parts(0),
+        ballast: parts(1),
         ratio: String::new(),
         goal: String::new(),
         pass: None,
