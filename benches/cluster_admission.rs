@@ -142,8 +142,16 @@ impl Rendered {
     }
 }
 
-fn as_list(items: &[Value]) -> String {
-    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+/// `items` as one stream of documents for `kubectl apply -f -` (JSON is YAML). Not a `v1 List`:
+/// kubectl's client-side validation of a List's items refuses the `null` of a nullable enum (the
+/// CRDs' `status.phase`, `status.gate`: "unknown object type \"nil\"") that it takes in a
+/// document of its own, so on a cluster without the CRDs this bench could not install them.
+fn as_stream(items: &[Value]) -> String {
+    items
+        .iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 /// Installs and removes the admission policies cluster-wide.
@@ -170,7 +178,7 @@ impl Admission {
             .collect();
         Admission {
             kubectl,
-            manifest: as_list(&rendered.admission),
+            manifest: as_stream(&rendered.admission),
             refs,
         }
     }
@@ -865,7 +873,7 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
         eprintln!("[bench] installing the CRDs of config/default");
         kubectl.run(
             &["apply", "--server-side", "-f", "-"],
-            Some(&as_list(&rendered.crds)),
+            Some(&as_stream(&rendered.crds)),
         )?;
         kubectl.run(
             &[
