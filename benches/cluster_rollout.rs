@@ -3,8 +3,12 @@
 //!
 //! Against the local control plane of `KUBECONFIG` (127.0.0.1 only), in one run, two namespaces
 //! with the same Deployments: one that the real operator (release build, under the manager's
-//! ServiceAccount from `config/`, watching only that namespace) governs, with config/default's
-//! revision gate installed, and one where the bench itself plays the floor.
+//! ServiceAccount from `config/`) governs, with config/default's revision gate installed, and
+//! one where the bench itself plays the floor. The operator watches every namespace, as
+//! config/default installs it, so the floor's Deployments are ones it watches and does not
+//! govern: what a ratio shows is what a strategy adds, not what running ballast at all costs
+//! (`BALLAST_BENCH_OPERATOR_SCOPE=namespace` confines it to the governed namespace, as before
+//! 2026-12-06).
 //!
 //! - **P5, hook completion → next step**: D Deployments (`replicas: 1`) each under a
 //!   RolloutStrategy with one container pre hook. A revision is a template change (the env var
@@ -38,7 +42,8 @@
 //! SIGTERM, SIGHUP). Results: a printed table and `bench/results/cluster_rollout-<UTC>.json`.
 //! Settings (environment): BALLAST_BENCH_HOOK_DEPLOYMENTS (20), BALLAST_BENCH_HOOK_REVISIONS
 //! (10 per Deployment and side, even), BALLAST_BENCH_ROLLOUTS (12 of each kind, even),
-//! BALLAST_BENCH_QUIET_SECS (5), BALLAST_BENCH_LOG (the operator's RUST_LOG, `info`). Results
+//! BALLAST_BENCH_QUIET_SECS (5), BALLAST_BENCH_OPERATOR_SCOPE (`cluster`, or `namespace`),
+//! BALLAST_BENCH_LOG (the operator's RUST_LOG, `info`). Results
 //! and how to read them: docs/benchmarks.md.
 
 #[path = "support/mod.rs"]
@@ -84,6 +89,8 @@ struct Settings {
     revisions: usize,
     rollouts: usize,
     quiet: Duration,
+    /// The operator watches only the governed namespace (else every namespace).
+    scoped: bool,
 }
 
 impl Settings {
@@ -93,6 +100,13 @@ impl Settings {
             revisions: env_usize("BALLAST_BENCH_HOOK_REVISIONS", 10)?,
             rollouts: env_usize("BALLAST_BENCH_ROLLOUTS", 12)?,
             quiet: Duration::from_secs(env_usize("BALLAST_BENCH_QUIET_SECS", 5)? as u64),
+            scoped: match std::env::var("BALLAST_BENCH_OPERATOR_SCOPE").as_deref() {
+                Err(_) | Ok("cluster") => false,
+                Ok("namespace") => true,
+                Ok(other) => {
+                    bail!("BALLAST_BENCH_OPERATOR_SCOPE is `cluster` or `namespace`, not `{other}`")
+                }
+            },
         };
         ensure!(
             s.revisions.is_multiple_of(2) && s.rollouts.is_multiple_of(2),
@@ -978,7 +992,8 @@ async fn measure(
             .create(&PostParams::default(), &strategy(name, name != ROLLOUT)?)
             .await?;
     }
-    let mut operator = Operator::start(operator_kubeconfig, dir, &ns_ballast)?;
+    let watch = s.scoped.then_some(ns_ballast.as_str());
+    let mut operator = Operator::start_watching(operator_kubeconfig, dir, &ns_ballast, watch)?;
     obs.wait(
         "every strategy adopted its Deployment (Idle)",
         Duration::from_secs(120),
@@ -1378,6 +1393,7 @@ async fn run(s: &Settings) -> Result<()> {
             "hook_revisions": s.revisions,
             "rollouts": s.rollouts,
             "quiet_secs": s.quiet.as_secs(),
+            "operator_scope": if s.scoped { "namespace" } else { "cluster" },
         },
         "rows": rows,
         "measured": m,
@@ -1392,8 +1408,15 @@ async fn main() -> Result<()> {
     let start = Instant::now();
     let s = Settings::from_env()?;
     eprintln!(
-        "[bench] cluster_rollout: {} Deployments × {} revisions with a pre hook per side, {} rollouts of each kind",
-        s.deployments, s.revisions, s.rollouts
+        "[bench] cluster_rollout: {} Deployments × {} revisions with a pre hook per side, {} rollouts of each kind; the operator watches {}",
+        s.deployments,
+        s.revisions,
+        s.rollouts,
+        if s.scoped {
+            "the governed namespace only"
+        } else {
+            "every namespace"
+        }
     );
     let result = support::until_signal(run(&s)).await;
     eprintln!(

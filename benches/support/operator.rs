@@ -145,6 +145,17 @@ impl Operator {
     /// `RUST_LOG` is `BALLAST_BENCH_LOG` (default `info`), its log `dir/operator-<ns>.log`
     /// (appended to).
     pub fn start(kubeconfig: &Path, dir: &Path, namespace: &str) -> Result<Self> {
+        Self::start_watching(kubeconfig, dir, namespace, Some(namespace))
+    }
+
+    /// [`Operator::start`] named after `namespace` (its log and Lease), watching `watch`, or
+    /// every namespace as config/default installs it when `None`.
+    pub fn start_watching(
+        kubeconfig: &Path,
+        dir: &Path,
+        namespace: &str,
+        watch: Option<&str>,
+    ) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -176,11 +187,15 @@ impl Operator {
                 "RUST_LOG",
                 std::env::var("BALLAST_BENCH_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .args(
+                watch
+                    .map(|ns| ["--watch-namespace", ns])
+                    .into_iter()
+                    .flatten(),
+            )
             .args([
                 "--http-addr",
                 &format!("127.0.0.1:{port}"),
-                "--watch-namespace",
-                namespace,
                 "--lease-namespace",
                 "ballast-system",
                 "--lease-name",
