@@ -37,11 +37,13 @@
 //! Settings (environment): BALLAST_BENCH_DEPLOYMENTS (1000), BALLAST_BENCH_UPDATES (1000 per
 //! phase), BALLAST_BENCH_CONCURRENCY (8), BALLAST_BENCH_ROUNDS (2: with/without twice),
 //! BALLAST_BENCH_STRATEGIES (20), BALLAST_BENCH_PAUSE_SECS (5: quiet time before each phase).
-//! Results and how to read them: docs/benchmarks.md.
+//! Results: the printed tables and `bench/results/cluster_admission-<UTC>.json` (each phase and
+//! each pooled combination, with the API server's counters); how to read them:
+//! docs/benchmarks.md.
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{Kubectl, client, env_usize};
+use support::{Kubectl, client, env_usize, write_results};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::rollout_strategy::RolloutStrategy;
@@ -375,7 +377,7 @@ fn is_paused(d: &Deployment) -> bool {
 
 /// The API server's counters that concern the policies, from `GET /metrics`. They are
 /// cluster-wide: other traffic on a shared cluster counts too (only ever upwards).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, serde::Serialize)]
 struct Counters {
     /// `apiserver_mutating_admission_policy_check_total{policy=<gate>}` and
     /// `apiserver_validating_admission_policy_check_total{policy=<hold>}`: invocations that
@@ -848,7 +850,95 @@ fn print_tables(results: &[PhaseResult], s: &Settings) {
     println!();
 }
 
+/// One latency summary and the server's counters, as the results file has them.
+fn summary_json(latencies: &[&Duration], wall: f64, c: &Counters) -> Value {
+    let st = stats(latencies.iter().copied());
+    json!({
+        "updates": st.n,
+        "p50_ms": st.p50,
+        "p90_ms": st.p90,
+        "p99_ms": st.p99,
+        "mean_ms": st.mean,
+        "wall_s": wall,
+        "counters": c,
+    })
+}
+
+/// The results file: each phase in the order run, and each combination pooled over its rounds
+/// with the ratio of its latencies with the policies to without (what the tables print).
+fn results_json(
+    results: &[PhaseResult],
+    s: &Settings,
+    started: jiff::Timestamp,
+    kubernetes: &str,
+) -> Value {
+    let phases: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            let mut v = summary_json(
+                &r.latencies.iter().collect::<Vec<_>>(),
+                r.wall.as_secs_f64(),
+                &r.delta,
+            );
+            v["round"] = json!(r.run);
+            v["namespace"] = json!(ns_label(r.ns, s));
+            v["policies"] = json!(r.policy);
+            v
+        })
+        .collect();
+    let pooled: Vec<Value> = [Ns::A, Ns::B, Ns::C]
+        .into_iter()
+        .map(|ns| {
+            let side = |policy: bool| {
+                let rs: Vec<&PhaseResult> = results
+                    .iter()
+                    .filter(|r| r.ns == ns && r.policy == policy)
+                    .collect();
+                let latencies: Vec<&Duration> = rs.iter().flat_map(|r| &r.latencies).collect();
+                let wall: f64 = rs.iter().map(|r| r.wall.as_secs_f64()).sum();
+                let delta = rs.iter().fold(Counters::default(), |acc, r| acc + r.delta);
+                (
+                    stats(latencies.iter().copied()),
+                    summary_json(&latencies, wall, &delta),
+                    wall,
+                )
+            };
+            let (with, with_json, with_wall) = side(true);
+            let (without, without_json, without_wall) = side(false);
+            json!({
+                "namespace": ns_label(ns, s),
+                "with_policies": with_json,
+                "without_policies": without_json,
+                "ratio": {
+                    "p50": with.p50 / without.p50,
+                    "p90": with.p90 / without.p90,
+                    "p99": with.p99 / without.p99,
+                    "mean": with.mean / without.mean,
+                    "wall": with_wall / without_wall,
+                },
+            })
+        })
+        .collect();
+    json!({
+        "bench": "cluster_admission",
+        "machine": support::operator::machine(),
+        "kubernetes": kubernetes,
+        "started": started.to_string(),
+        "settings": {
+            "deployments": s.deployments,
+            "updates": s.updates,
+            "concurrency": s.concurrency,
+            "rounds": s.rounds,
+            "strategies": s.strategies,
+            "pause_secs": s.pause.as_secs(),
+        },
+        "phases": phases,
+        "pooled": pooled,
+    })
+}
+
 async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
+    let started = jiff::Timestamp::now();
     let kubeconfig = PathBuf::from(std::env::var_os("KUBECONFIG").ok_or_else(|| {
         anyhow!(
             "KUBECONFIG is not set: run `make bench-cluster`, or point it at .cluster/kubeconfig"
@@ -1127,6 +1217,17 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
     }
 
     print_tables(&results, s);
+    let path = write_results(
+        "cluster_admission",
+        started,
+        &results_json(
+            &results,
+            s,
+            started,
+            &client.apiserver_version().await?.git_version,
+        ),
+    )?;
+    println!("Results: {}", path.display());
     println!(
         "No Deployment of A, B or C paused ({} updates checked, {} Deployments listed). \
          Phases measured again because someone else installed or removed the policies, or wrote \
