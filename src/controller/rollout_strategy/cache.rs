@@ -13,12 +13,14 @@
 //!
 //! Both are read-only views: ballast never writes them back.
 
+use super::observe::DeploymentView;
 use super::revision;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus, ReplicaSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// A Deployment as the cache keeps it.
 #[derive(Clone, Debug, Deserialize)]
@@ -30,6 +32,11 @@ pub struct CachedDeployment {
     /// Kept only while the Deployment is labelled governed.
     #[serde(default)]
     pub status: Option<Box<DeploymentStatus>>,
+    /// The view decisions read, made once per version the watch delivers (while labelled
+    /// governed): each reconcile of its strategy (one per event of the Deployment, its
+    /// ReplicaSets, its hooks) would else copy the template twice, turn it into JSON and hash it.
+    #[serde(skip)]
+    pub view: Option<Arc<DeploymentView>>,
 }
 
 impl CachedDeployment {
@@ -45,10 +52,15 @@ impl CachedDeployment {
             .as_ref()
             .is_some_and(|l| l.contains_key(super::gate::GOVERNED_LABEL))
         {
+            self.view = Some(Arc::new(DeploymentView::new(
+                &self.to_deployment(),
+                Vec::new(),
+            )));
             return;
         }
         self.spec = None;
         self.status = None;
+        self.view = None;
         // What is read of a Deployment not labelled governed: ballast's own labels (the phase,
         // the governed label to come) and the annotations naming its strategy. The
         // SpreadPolicy controller's annotations are its own business, and with a policy over
@@ -230,6 +242,15 @@ mod tests {
             json!({"f:spec": {"f:paused": {}}})
         );
         assert!(other.spec.is_none() && other.status.is_none());
+        // The view of the governed one is made once, as it is cached, and is the view a fresh
+        // read makes; none of the other (decisions about it read it afresh).
+        let mut trimmed = full.clone();
+        trimmed.metadata = governed.metadata.clone();
+        assert_eq!(
+            governed.view.as_deref(),
+            Some(&DeploymentView::new(&trimmed, Vec::new()))
+        );
+        assert!(other.view.is_none());
         // Of one not governed: ballast's labels and this controller's annotations only.
         let annotations = other.metadata.annotations.as_ref().unwrap();
         assert_eq!(

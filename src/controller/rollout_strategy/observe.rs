@@ -32,7 +32,7 @@ use kube::{
     api::{ListParams, LogParams, ObjectMeta},
     runtime::reflector::{ObjectRef, Store},
 };
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 /// Lines of a failed hook's log kept in status.
 pub const LOG_TAIL_LINES: i64 = 20;
@@ -70,8 +70,11 @@ pub struct DeploymentView {
     pub replicas: i32,
     /// `spec.strategy.type == Recreate`.
     pub recreate: bool,
-    pub template: PodTemplateSpec,
-    pub template_json: serde_json::Value,
+    /// Shared: a view is made once per cached version of the Deployment
+    /// ([`CachedDeployment::trim`](super::cache::CachedDeployment::trim)) and copied into each
+    /// decision about it.
+    pub template: Arc<PodTemplateSpec>,
+    pub template_json: Arc<serde_json::Value>,
     /// ballast's revision of `spec.template`.
     pub revision: String,
     pub status_replicas: i32,
@@ -209,9 +212,9 @@ impl DeploymentView {
                 .as_ref()
                 .and_then(|s| s.type_.as_deref())
                 .is_some_and(|t| t == "Recreate"),
-            template_json: serde_json::to_value(&spec.template).unwrap_or_default(),
+            template_json: Arc::new(serde_json::to_value(&spec.template).unwrap_or_default()),
             revision: revision::of_template(&spec.template),
-            template: spec.template,
+            template: Arc::new(spec.template),
             status_replicas: status.replicas.unwrap_or(0),
             updated_replicas: status.updated_replicas.unwrap_or(0),
             ready_replicas: status.ready_replicas.unwrap_or(0),
@@ -470,7 +473,7 @@ pub struct Observed {
 pub struct Caches {
     pub deployments: Store<CachedDeployment>,
     /// By their controlling Deployment.
-    pub replica_sets: std::sync::Arc<ReplicaSets>,
+    pub replica_sets: Arc<ReplicaSets>,
     /// Hook Jobs only (labelled with [`LABEL_STRATEGY`]).
     pub jobs: Store<Job>,
     /// Pods of hook Jobs only (labelled with [`LABEL_STRATEGY`]).
@@ -488,10 +491,7 @@ impl Caches {
     /// What strategy `strategy` in `ns`, targeting Deployment `target`, decides on, from the
     /// caches alone (no log tails: see [`read_log_tails`]).
     pub fn observe(&self, ns: &str, strategy: &str, target: &str) -> Observed {
-        let deployment = self
-            .deployments
-            .get(&ObjectRef::new(target).within(ns))
-            .map(|d| d.to_deployment());
+        let deployment = self.deployments.get(&ObjectRef::new(target).within(ns));
         let ours = |meta: &ObjectMeta| {
             meta.namespace.as_deref() == Some(ns)
                 && meta
@@ -519,7 +519,14 @@ impl Caches {
             let replica_sets =
                 self.replica_sets
                     .of(ns, target, d.metadata.uid.as_deref().unwrap_or_default());
-            DeploymentView::new(&d, replica_sets)
+            match &d.view {
+                // Made as the watch delivered this version: no template hashed again.
+                Some(view) => DeploymentView {
+                    replica_sets,
+                    ..(**view).clone()
+                },
+                None => DeploymentView::new(&d.to_deployment(), replica_sets),
+            }
         });
         observed
     }

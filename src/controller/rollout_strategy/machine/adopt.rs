@@ -167,7 +167,7 @@ impl Machine<'_> {
             return;
         }
         self.st.stable_revision = Some(dep.revision.clone());
-        self.st.stable_template = Some(dep.template_json.clone());
+        self.st.stable_template = Some((*dep.template_json).clone());
         self.st.current_revision = Some(dep.revision.clone());
         self.set_phase(RolloutPhase::Idle);
         self.st.message = Some(if self.admission() {

@@ -340,7 +340,7 @@ impl Machine<'_> {
         if self.run_hooks(HookPoint::Post, &hooks, dep) == Run::Done {
             self.st.current_hook = None;
             self.st.stable_revision = Some(dep.revision.clone());
-            self.st.stable_template = Some(dep.template_json.clone());
+            self.st.stable_template = Some((*dep.template_json).clone());
             self.set_phase(RolloutPhase::Succeeded);
             self.st.message = Some(format!("revision {} rolled out", dep.revision));
             self.event(

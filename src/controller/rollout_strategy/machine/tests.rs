@@ -46,8 +46,8 @@ fn dep(rev: &str, paused: bool) -> DeploymentView {
         paused,
         replicas: 4,
         recreate: false,
-        template: template(),
-        template_json: json!({"rev": rev}),
+        template: template().into(),
+        template_json: json!({"rev": rev}).into(),
         revision: rev.into(),
         status_replicas: 4,
         updated_replicas: 4,
@@ -1331,7 +1331,7 @@ fn a_template_change_lets_the_running_hook_finish_first() {
         vec![entry("migrate", HookPoint::Pre, HookPhase::Running, 1)],
     );
     let mut newer = dep(NEWER, true);
-    newer.template = template();
+    newer.template = template().into();
     let d = Case::new(full(), st.clone(), newer.clone())
         .jobs(vec![job("migrate", 1, JobState::Active, running_pod(5))])
         .decide();
