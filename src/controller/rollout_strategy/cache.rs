@@ -6,9 +6,9 @@
 //! - [`CachedReplicaSet`]: as the watch reads it, with ballast's revision of the template and
 //!   never the template (only adoption reads one, afresh); what is kept of it is filed in
 //!   [`ReplicaSets`](super::replica_sets::ReplicaSets);
-//! - [`CachedDeployment`]: the spec and status of a Deployment labelled
-//!   [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL) only; of any other, its metadata (a decision
-//!   about a Deployment not labelled yet reads it afresh: see
+//! - [`CachedDeployment`]: of a Deployment labelled [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL),
+//!   the [`DeploymentView`] its decisions read, made once as the watch delivers it; of any other,
+//!   its metadata (a decision about a Deployment not labelled yet reads it afresh: see
 //!   [`needs_fresh_target`](super::observe::needs_fresh_target)).
 //!
 //! Both are read-only views: ballast never writes them back.
@@ -26,24 +26,25 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Deserialize)]
 pub struct CachedDeployment {
     pub metadata: ObjectMeta,
-    /// Kept only while the Deployment is labelled governed ([`CachedDeployment::trim`]).
+    /// As read; [`CachedDeployment::trim`] moves it into `view` (labelled governed) or drops it.
     #[serde(default)]
     pub spec: Option<Box<DeploymentSpec>>,
-    /// Kept only while the Deployment is labelled governed.
+    /// As read; moved into `view` or dropped with `spec`.
     #[serde(default)]
     pub status: Option<Box<DeploymentStatus>>,
-    /// The view decisions read, made once per version the watch delivers (while labelled
-    /// governed): each reconcile of its strategy (one per event of the Deployment, its
-    /// ReplicaSets, its hooks) would else copy the template twice, turn it into JSON and hash it.
+    /// The view decisions read, made once per version the watch delivers, while the Deployment
+    /// is labelled governed: each reconcile of its strategy (one per event of the Deployment,
+    /// its ReplicaSets, its hooks) would else copy the template twice, turn it into JSON and
+    /// hash it.
     #[serde(skip)]
     pub view: Option<Arc<DeploymentView>>,
 }
 
 impl CachedDeployment {
     /// Applied by the watch before the cache: managedFields cut to who set `spec.paused`
-    /// ([`keep_paused_owners`](super::observe::keep_paused_owners)), and, unless the
-    /// Deployment is labelled governed, no spec, no status, and no labels or annotations but
-    /// the RolloutStrategy controller's.
+    /// ([`keep_paused_owners`](super::observe::keep_paused_owners)); the spec and status made
+    /// into the view if the Deployment is labelled governed, else dropped, with every label and
+    /// annotation but the RolloutStrategy controller's.
     pub fn trim(&mut self) {
         super::observe::keep_paused_owners(&mut self.metadata);
         if self
@@ -52,10 +53,12 @@ impl CachedDeployment {
             .as_ref()
             .is_some_and(|l| l.contains_key(super::gate::GOVERNED_LABEL))
         {
-            self.view = Some(Arc::new(DeploymentView::new(
-                &self.to_deployment(),
-                Vec::new(),
-            )));
+            let d = Deployment {
+                metadata: self.metadata.clone(),
+                spec: self.spec.take().map(|s| *s),
+                status: self.status.take().map(|s| *s),
+            };
+            self.view = Some(Arc::new(DeploymentView::of(d, Vec::new())));
             return;
         }
         self.spec = None;
@@ -77,8 +80,8 @@ impl CachedDeployment {
         }
     }
 
-    /// The Deployment, with as much as the cache keeps (no spec nor status unless labelled
-    /// governed).
+    /// The Deployment, with as much as the cache keeps: once trimmed, its metadata (the spec and
+    /// status of one labelled governed are in its view).
     pub fn to_deployment(&self) -> Deployment {
         Deployment {
             metadata: self.metadata.clone(),
@@ -232,8 +235,15 @@ mod tests {
         governed.trim();
         other.trim();
         let full: Deployment = serde_json::from_value(deployment(json!({}))).unwrap();
-        assert_eq!(governed.to_deployment().spec, full.spec);
-        assert_eq!(governed.to_deployment().status, full.status);
+        // Of the governed one, the spec and status as its view (made once, as it is cached: the
+        // view a fresh read makes), and not again beside it.
+        let mut trimmed = full.clone();
+        trimmed.metadata = governed.metadata.clone();
+        assert_eq!(
+            governed.view.as_deref(),
+            Some(&DeploymentView::new(&trimmed, Vec::new()))
+        );
+        assert!(governed.spec.is_none() && governed.status.is_none());
         // Who paused it stays known: the managedFields entry, cut to spec.paused.
         let owners = governed.metadata.managed_fields.as_ref().unwrap();
         assert_eq!(owners.len(), 1);
@@ -241,16 +251,8 @@ mod tests {
             owners[0].fields_v1.as_ref().unwrap().0,
             json!({"f:spec": {"f:paused": {}}})
         );
-        assert!(other.spec.is_none() && other.status.is_none());
-        // The view of the governed one is made once, as it is cached, and is the view a fresh
-        // read makes; none of the other (decisions about it read it afresh).
-        let mut trimmed = full.clone();
-        trimmed.metadata = governed.metadata.clone();
-        assert_eq!(
-            governed.view.as_deref(),
-            Some(&DeploymentView::new(&trimmed, Vec::new()))
-        );
-        assert!(other.view.is_none());
+        // Of the other, neither (a decision about it reads it afresh).
+        assert!(other.spec.is_none() && other.status.is_none() && other.view.is_none());
         // Of one not governed: ballast's labels and this controller's annotations only.
         let annotations = other.metadata.annotations.as_ref().unwrap();
         assert_eq!(

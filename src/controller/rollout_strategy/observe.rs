@@ -190,8 +190,14 @@ impl DeploymentView {
     /// The view of `d` with `rs`, its ReplicaSets: read whole ([`Self::from_parts`]) or from
     /// the cache's index, without templates ([`ReplicaSets::of`]).
     pub fn new(d: &Deployment, rs: Vec<ReplicaSetView>) -> Self {
-        let spec = d.spec.clone().unwrap_or_default();
-        let status = d.status.clone().unwrap_or_default();
+        Self::of(d.clone(), rs)
+    }
+
+    /// [`Self::new`] of a Deployment given away: its template is moved, not copied.
+    pub fn of(mut d: Deployment, rs: Vec<ReplicaSetView>) -> Self {
+        let spec = d.spec.take().unwrap_or_default();
+        let status = d.status.take().unwrap_or_default();
+        let d = &d;
         let uid = d.uid();
         let stalled = status.conditions.iter().flatten().any(|c| {
             c.type_ == "Progressing"
