@@ -851,8 +851,7 @@ fn print_tables(results: &[PhaseResult], s: &Settings) {
 }
 
 /// One latency summary and the server's counters, as the results file has them.
-fn summary_json(latencies: &[&Duration], wall: f64, c: &Counters) -> Value {
-    let st = stats(latencies.iter().copied());
+fn summary_json(st: &Stats, wall: f64, c: &Counters) -> Value {
     json!({
         "updates": st.n,
         "p50_ms": st.p50,
@@ -875,11 +874,7 @@ fn results_json(
     let phases: Vec<Value> = results
         .iter()
         .map(|r| {
-            let mut v = summary_json(
-                &r.latencies.iter().collect::<Vec<_>>(),
-                r.wall.as_secs_f64(),
-                &r.delta,
-            );
+            let mut v = summary_json(&stats(&r.latencies), r.wall.as_secs_f64(), &r.delta);
             v["round"] = json!(r.run);
             v["namespace"] = json!(ns_label(r.ns, s));
             v["policies"] = json!(r.policy);
@@ -894,14 +889,11 @@ fn results_json(
                     .iter()
                     .filter(|r| r.ns == ns && r.policy == policy)
                     .collect();
-                let latencies: Vec<&Duration> = rs.iter().flat_map(|r| &r.latencies).collect();
+                let st = stats(rs.iter().flat_map(|r| &r.latencies));
                 let wall: f64 = rs.iter().map(|r| r.wall.as_secs_f64()).sum();
                 let delta = rs.iter().fold(Counters::default(), |acc, r| acc + r.delta);
-                (
-                    stats(latencies.iter().copied()),
-                    summary_json(&latencies, wall, &delta),
-                    wall,
-                )
+                let summary = summary_json(&st, wall, &delta);
+                (st, summary, wall)
             };
             let (with, with_json, with_wall) = side(true);
             let (without, without_json, without_wall) = side(false);
@@ -945,6 +937,8 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
         )
     })?);
     let client = client(&kubeconfig).await?;
+    // Asked now: a failure after the phases would lose their results.
+    let kubernetes = client.apiserver_version().await?.git_version;
     let procs = Procs::of_cluster(&kubeconfig)?;
     let kubectl = Kubectl { kubeconfig };
     let rendered = Rendered::load(&kubectl)?;
@@ -1220,12 +1214,7 @@ async fn run(s: &Settings, bench_start: Instant) -> Result<()> {
     let path = write_results(
         "cluster_admission",
         started,
-        &results_json(
-            &results,
-            s,
-            started,
-            &client.apiserver_version().await?.git_version,
-        ),
+        &results_json(&results, s, started, &kubernetes),
     )?;
     println!("Results: {}", path.display());
     println!(

@@ -900,9 +900,50 @@ async fn admission_evaluations(client: &Client) -> Result<f64> {
     .await
 }
 
+/// The RolloutStrategies, SpreadPolicies and ClusterSpreadPolicies of the cluster outside `ns`,
+/// as `kind namespace/name`.
+async fn others_objects(client: &Client, ns: &str) -> Result<Vec<String>> {
+    use ballast::api::{ClusterSpreadPolicy, SpreadPolicy};
+    use kube::api::ListParams;
+    let lp = ListParams::default();
+    let mut others = Vec::new();
+    let name = |m: &ObjectMeta| {
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default()
+        )
+    };
+    for m in Api::<RolloutStrategy>::all(client.clone())
+        .list_metadata(&lp)
+        .await?
+    {
+        if m.metadata.namespace.as_deref() != Some(ns) {
+            others.push(format!("RolloutStrategy {}", name(&m.metadata)));
+        }
+    }
+    for m in Api::<SpreadPolicy>::all(client.clone())
+        .list_metadata(&lp)
+        .await?
+    {
+        others.push(format!("SpreadPolicy {}", name(&m.metadata)));
+    }
+    for m in Api::<ClusterSpreadPolicy>::all(client.clone())
+        .list_metadata(&lp)
+        .await?
+    {
+        others.push(format!("ClusterSpreadPolicy {}", name(&m.metadata)));
+    }
+    Ok(others)
+}
+
 /// The results of one run.
 #[derive(Debug, serde::Serialize)]
 struct Measured {
+    /// Which namespaces the operator watched: `cluster` (every one, as installed), or
+    /// `namespace` (the governed one: asked for, or because the cluster had strategies or
+    /// policies of its own).
+    operator_scope: &'static str,
     hook_floor_ms: Vec<f64>,
     hook_ballast_ms: Vec<f64>,
     hooks: Vec<Hook>,
@@ -992,7 +1033,19 @@ async fn measure(
             .create(&PostParams::default(), &strategy(name, name != ROLLOUT)?)
             .await?;
     }
-    let watch = s.scoped.then_some(ns_ballast.as_str());
+    // Watching every namespace, the operator would act on any strategy or policy of the cluster
+    // (one of `make run`'s examples, another bench's): then it watches the bench's alone.
+    let others = others_objects(client, &ns_ballast).await?;
+    if !s.scoped && !others.is_empty() {
+        eprintln!(
+            "[bench] note: the cluster has RolloutStrategies or spread policies of its own ({}): \
+             the operator watches {ns_ballast} only, so P6's plain Deployment is one it does not \
+             watch",
+            others.join(", ")
+        );
+    }
+    let scoped = s.scoped || !others.is_empty();
+    let watch = scoped.then_some(ns_ballast.as_str());
     let mut operator = Operator::start_watching(operator_kubeconfig, dir, &ns_ballast, watch)?;
     obs.wait(
         "every strategy adopted its Deployment (Idle)",
@@ -1120,6 +1173,7 @@ async fn measure(
     drop(obs);
     drop(cleanup);
     Ok(Measured {
+        operator_scope: if scoped { "namespace" } else { "cluster" },
         hook_floor_ms,
         hook_ballast_ms,
         hooks,
@@ -1382,6 +1436,7 @@ async fn run(s: &Settings) -> Result<()> {
         "Load average before / after: {} / {}",
         m.load_average_before, m.load_average_after
     );
+    println!("The operator watched: {}", m.operator_scope);
     let version = client.apiserver_version().await?.git_version;
     let doc = json!({
         "bench": "cluster_rollout",

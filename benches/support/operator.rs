@@ -133,7 +133,8 @@ pub async fn admission_synced(client: &Client) -> Result<()> {
     result
 }
 
-/// The operator binary of this build (release), watching one namespace. Stopped when dropped.
+/// The operator binary of this build (release), watching one namespace or every one. Stopped
+/// when dropped.
 pub struct Operator {
     pub child: Child,
     port: u16,
@@ -179,6 +180,10 @@ impl Operator {
             }
             None => Command::new(env!("CARGO_BIN_EXE_ballast")),
         };
+        if watch.is_none() {
+            // Every namespace, whatever the bench's own environment says.
+            cmd.env_remove("BALLAST_WATCH_NAMESPACE");
+        }
         // A process group of its own: a wrapper's children are stopped with it (below).
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd
