@@ -774,6 +774,19 @@ fn server_cells(c: &Counters, updates: usize, wall: f64) -> String {
 
 const SERVER_HEADER: &str = "checks gate / hold | matchCondition evals per update | µs per eval | MAP / VAP plugin µs per update | apiserver CPU ms per update | other writes/s | controller-manager CPU, cores | others' CPU, cores";
 
+/// The phases of namespace `ns` with the policies or without, pooled over the rounds: their
+/// latencies, wall time and the server's counters, summed.
+fn pooled(results: &[PhaseResult], ns: Ns, policy: bool) -> (Stats, f64, Counters) {
+    let rs: Vec<&PhaseResult> = results
+        .iter()
+        .filter(|r| r.ns == ns && r.policy == policy)
+        .collect();
+    let st = stats(rs.iter().flat_map(|r| &r.latencies));
+    let wall: f64 = rs.iter().map(|r| r.wall.as_secs_f64()).sum();
+    let delta = rs.iter().fold(Counters::default(), |acc, r| acc + r.delta);
+    (st, wall, delta)
+}
+
 fn print_tables(results: &[PhaseResult], s: &Settings) {
     println!();
     println!(
@@ -811,18 +824,8 @@ fn print_tables(results: &[PhaseResult], s: &Settings) {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for ns in [Ns::A, Ns::B, Ns::C] {
-        let pooled = |policy: bool| {
-            let rs: Vec<&PhaseResult> = results
-                .iter()
-                .filter(|r| r.ns == ns && r.policy == policy)
-                .collect();
-            let st = stats(rs.iter().flat_map(|r| &r.latencies));
-            let wall: f64 = rs.iter().map(|r| r.wall.as_secs_f64()).sum();
-            let delta = rs.iter().fold(Counters::default(), |acc, r| acc + r.delta);
-            (st, wall, delta)
-        };
-        let with = pooled(true);
-        let without = pooled(false);
+        let with = pooled(results, ns, true);
+        let without = pooled(results, ns, false);
         for (policy, (st, wall, delta)) in [(true, &with), (false, &without)] {
             println!(
                 "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
@@ -885,13 +888,7 @@ fn results_json(
         .into_iter()
         .map(|ns| {
             let side = |policy: bool| {
-                let rs: Vec<&PhaseResult> = results
-                    .iter()
-                    .filter(|r| r.ns == ns && r.policy == policy)
-                    .collect();
-                let st = stats(rs.iter().flat_map(|r| &r.latencies));
-                let wall: f64 = rs.iter().map(|r| r.wall.as_secs_f64()).sum();
-                let delta = rs.iter().fold(Counters::default(), |acc, r| acc + r.delta);
+                let (st, wall, delta) = pooled(results, ns, policy);
                 let summary = summary_json(&st, wall, &delta);
                 (st, summary, wall)
             };
