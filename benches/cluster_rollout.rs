@@ -1463,14 +1463,14 @@ async fn main() -> Result<()> {
     let start = Instant::now();
     let s = Settings::from_env()?;
     eprintln!(
-        "[bench] cluster_rollout: {} Deployments × {} revisions with a pre hook per side, {} rollouts of each kind; the operator watches {}",
+        "[bench] cluster_rollout: {} Deployments × {} revisions with a pre hook per side, {} rollouts of each kind; the operator to watch {}",
         s.deployments,
         s.revisions,
         s.rollouts,
         if s.scoped {
             "the governed namespace only"
         } else {
-            "every namespace"
+            "every namespace (unless the cluster has strategies or policies of its own)"
         }
     );
     let result = support::until_signal(run(&s)).await;
