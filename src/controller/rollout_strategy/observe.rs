@@ -531,7 +531,7 @@ impl Caches {
                     replica_sets,
                     ..(**view).clone()
                 },
-                None => DeploymentView::new(&d.to_deployment(), replica_sets),
+                None => DeploymentView::of(d.to_deployment(), replica_sets),
             }
         });
         observed
