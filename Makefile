@@ -48,7 +48,8 @@ CLUSTER_BENCHES ?= cluster_spread cluster_admission cluster_rollout cluster_sche
 # an API server and an etcd that earlier benches or tests loaded answer more slowly (P5's p99 at
 # 160 ms, then 323 ms on the same code right after the fault suite had loaded that cluster), so a
 # bench's numbers would depend on what ran before it. BENCH_FRESH=0 keeps the cluster as it is.
-# The cluster stays up afterwards.
+# The cluster stays up afterwards. On fresh clusters a bench does not wait for its last cleanup
+# (BALLAST_BENCH_CLEANUP=background; benches/support/mod.rs, `Deletion`): the next start wipes it.
 BENCH_FRESH ?= 1
 .PHONY: bench-cluster
 bench-cluster: ## Cluster benchmarks, each on the local control plane started afresh (BENCH_FRESH=0: as it is)
@@ -59,7 +60,9 @@ bench-cluster: ## Cluster benchmarks, each on the local control plane started af
 	  for b in $(CLUSTER_BENCHES); do \
 	    if [ "$(BENCH_FRESH)" = 1 ]; then BALLAST_CLUSTER_DIR="$$state" hack/cluster-down.sh; fi; \
 	    BALLAST_CLUSTER_DIR="$$state" hack/cluster-up.sh || { failed="$$failed $$b"; continue; }; \
-	    KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" $(CARGO) bench --bench "$$b" || failed="$$failed $$b"; \
+	    KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" \
+	      BALLAST_BENCH_CLEANUP=$(if $(filter 1,$(BENCH_FRESH)),background,wait) \
+	      $(CARGO) bench --bench "$$b" || failed="$$failed $$b"; \
 	  done; \
 	  $(CARGO) bench --bench plots; \
 	  if [ -n "$$failed" ]; then echo "bench-cluster: failed:$$failed" >&2; exit 1; fi

@@ -43,7 +43,7 @@
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{Kubectl, client, env_usize, write_results};
+use support::{Deletion, Kubectl, client, env_usize, write_results};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::rollout_strategy::RolloutStrategy;
@@ -230,7 +230,7 @@ struct Namespaces {
 
 impl Drop for Namespaces {
     fn drop(&mut self) {
-        support::delete_namespaces(&self.kubectl, &self.names, "300s");
+        support::delete_namespaces(&self.kubectl, &self.names, "300s", Deletion::Last);
     }
 }
 

@@ -55,7 +55,7 @@ use support::operator::{
     Operator, RequestSeconds, admission_synced, controller_counters, delta, load_average, machine,
     operator_kubeconfig, quantile, requests_but_watches,
 };
-use support::{Kubectl, Row, client, env_usize, print_table, repo_root, write_results};
+use support::{Deletion, Kubectl, Row, client, env_usize, print_table, repo_root, write_results};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::{RolloutPhase, RolloutStrategy, RolloutStrategyStatus};
@@ -549,7 +549,7 @@ struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         drop(self.operator.take());
-        support::delete_namespaces(&self.kubectl, &self.namespaces, "600s");
+        support::delete_namespaces(&self.kubectl, &self.namespaces, "600s", Deletion::Last);
     }
 }
 

@@ -38,7 +38,7 @@
 #[path = "support/mod.rs"]
 mod support;
 use support::operator::{delta, load_average, machine};
-use support::{Kubectl, Row, client, env_usize, print_table, write_results};
+use support::{Deletion, Kubectl, Row, client, env_usize, print_table, write_results};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::spread_policy::{SpreadPolicySpec, WorkloadKind};
@@ -278,11 +278,12 @@ struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         if let Some(ns) = self.namespace.take() {
-            support::delete_namespaces(&self.kubectl, &[ns], "600s");
+            support::delete_namespaces(&self.kubectl, &[ns], "600s", Deletion::Last);
         }
         if self.nodes {
             let start = Instant::now();
             let selector = format!("{}={}", NODE_LABEL.0, NODE_LABEL.1);
+            let flags = Deletion::Last.flags("300s");
             match self.kubectl.run(
                 &[
                     "delete",
@@ -290,14 +291,11 @@ impl Drop for Cleanup {
                     "-l",
                     &selector,
                     "--ignore-not-found",
-                    "--timeout=300s",
+                    &flags,
                 ],
                 None,
             ) {
-                Ok(_) => eprintln!(
-                    "[bench] nodes {selector} deleted in {:.1} s",
-                    start.elapsed().as_secs_f64()
-                ),
+                Ok(_) => eprintln!("[bench] nodes {selector} {}", Deletion::Last.done(start)),
                 Err(e) => eprintln!("[bench] ERROR: deleting nodes {selector}: {e:#}"),
             }
         }
@@ -515,7 +513,7 @@ async fn measure(
         r.most_pods_on_a_node,
     );
     if let Some(ns) = cleanup.namespace.take() {
-        support::delete_namespaces(&cleanup.kubectl, &[ns], "600s");
+        support::delete_namespaces(&cleanup.kubectl, &[ns], "600s", Deletion::Between);
     }
     Ok(r)
 }

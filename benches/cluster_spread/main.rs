@@ -43,7 +43,7 @@ mod support;
 use support::operator::{
     Operator, admission_synced, controller_counters, machine, operator_kubeconfig,
 };
-use support::{Kubectl, client, env_count, env_usize, repo_root};
+use support::{Deletion, Kubectl, client, env_count, env_usize, repo_root};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::spread_policy::{SpreadPolicy, WorkloadKind};
@@ -219,13 +219,15 @@ struct Cleanup {
     kubectl: Kubectl,
     namespaces: Vec<String>,
     operator: Option<Operator>,
+    /// Between sizes, or after the last.
+    deletion: Deletion,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         // First the operator: with it gone, nothing takes the terms out again.
         drop(self.operator.take());
-        support::delete_namespaces(&self.kubectl, &self.namespaces, "600s");
+        support::delete_namespaces(&self.kubectl, &self.namespaces, "600s", self.deletion);
     }
 }
 
@@ -400,6 +402,7 @@ async fn measure(
     kubectl: &Kubectl,
     operator_kubeconfig: &Path,
     dir: &Path,
+    deletion: Deletion,
 ) -> Result<SizeResult> {
     let suffix = support::run_suffix()?;
     let [ns_floor, ns_parallel, ns_ballast] =
@@ -408,6 +411,7 @@ async fn measure(
         kubectl: kubectl.clone(),
         namespaces: vec![ns_floor.clone(), ns_parallel.clone(), ns_ballast.clone()],
         operator: None,
+        deletion,
     };
     let t = Instant::now();
     for ns in [&ns_floor, &ns_parallel, &ns_ballast] {
@@ -810,7 +814,12 @@ async fn run(s: &Settings) -> Result<()> {
     admission_synced(&client).await?;
     let started = jiff::Timestamp::now();
     let mut results = Vec::new();
-    for &n in &s.sizes {
+    for (i, &n) in s.sizes.iter().enumerate() {
+        let deletion = if i + 1 == s.sizes.len() {
+            Deletion::Last
+        } else {
+            Deletion::Between
+        };
         results.push(
             measure(
                 s,
@@ -820,6 +829,7 @@ async fn run(s: &Settings) -> Result<()> {
                 &kubectl,
                 &operator_kubeconfig,
                 &dir,
+                deletion,
             )
             .await?,
         );

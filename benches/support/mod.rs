@@ -127,11 +127,49 @@ pub async fn create_namespace(client: &Client, name: &str, bench: &str) -> Resul
     Ok(())
 }
 
-/// Deletes `names` (namespaces), waiting up to `timeout` (e.g. `"300s"`), and says how it went:
-/// for the benches' cleanup guards, which must not fail. The operators are stopped by then, so
-/// ballast's finalizers on the RolloutStrategies and SpreadPolicies in them are dropped first:
-/// nobody else would, and the namespaces would stay Terminating.
-pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
+/// What a bench's deletion is for. One between measurements always waits until its objects are
+/// gone, so that the next measurement starts on a quiet cluster. A bench's last one waits too,
+/// unless `BALLAST_BENCH_CLEANUP=background`: `make bench-cluster` sets that when it starts
+/// every bench on a cluster started afresh, which wipes the leftovers anyway; waiting for them
+/// took about 2.5 of the suite's minutes (the 15000 Deployments of cluster_spread alone 52 s).
+/// The objects are deleted all the same; the API server and the controllers finish the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    Between,
+    Last,
+}
+
+impl Deletion {
+    /// Whether this deletion waits for its objects to be gone.
+    pub fn waits(self) -> bool {
+        self == Deletion::Between
+            || std::env::var("BALLAST_BENCH_CLEANUP").as_deref() != Ok("background")
+    }
+
+    /// kubectl's flags for it: `--timeout` when it waits, `--wait=false` when not.
+    pub fn flags(self, timeout: &str) -> String {
+        if self.waits() {
+            format!("--timeout={timeout}")
+        } else {
+            "--wait=false".into()
+        }
+    }
+
+    /// How it went, for the bench's log.
+    pub fn done(self, start: Instant) -> String {
+        if self.waits() {
+            format!("deleted in {:.1} s", start.elapsed().as_secs_f64())
+        } else {
+            "being deleted (BALLAST_BENCH_CLEANUP=background: not waiting)".into()
+        }
+    }
+}
+
+/// Deletes `names` (namespaces), waiting up to `timeout` (e.g. `"300s"`) as `deletion` says,
+/// and says how it went: for the benches' cleanup guards, which must not fail. The operators
+/// are stopped by then, so ballast's finalizers on the RolloutStrategies and SpreadPolicies in
+/// them are dropped first: nobody else would, and the namespaces would stay Terminating.
+pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str, deletion: Deletion) {
     let start = Instant::now();
     for ns in names {
         let kinds = "rolloutstrategies,spreadpolicies";
@@ -153,14 +191,14 @@ pub fn delete_namespaces(kubectl: &Kubectl, names: &[String], timeout: &str) {
             );
         }
     }
-    let timeout = format!("--timeout={timeout}");
-    let mut args = vec!["delete", "namespace", "--ignore-not-found", &timeout];
+    let flags = deletion.flags(timeout);
+    let mut args = vec!["delete", "namespace", "--ignore-not-found", &flags];
     args.extend(names.iter().map(String::as_str));
     match kubectl.run(&args, None) {
         Ok(_) => eprintln!(
-            "[bench] namespaces {} deleted in {:.1} s",
+            "[bench] namespaces {} {}",
             names.join(", "),
-            start.elapsed().as_secs_f64()
+            deletion.done(start)
         ),
         Err(e) => eprintln!(
             "[bench] ERROR: deleting namespaces {}: {e:#}",
