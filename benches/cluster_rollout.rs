@@ -28,7 +28,7 @@
 //!   change (the PATCH sent) until the bench's watch sees the rollout complete: observedGeneration
 //!   current, not paused, updated = available = replicas = 10, every older ReplicaSet at 0 (spec
 //!   and status). Alternating plain/governed (ABBA), the median of each; each rollout starts once
-//!   the previous ones' old pods are gone and half a second has passed. Twice: first with P5's
+//!   the previous ones' old pods are gone and a second has passed. Twice: first with P5's
 //!   strategies still in the governed namespace (reported: the revision gate's policies
 //!   evaluate each governed Deployment write once per strategy of its namespace, and the row
 //!   shows what that costs, with the API server's count of those evaluations for strategies
@@ -851,8 +851,9 @@ async fn p6_set(
         };
         for g in order {
             let ns = if g { ns_ballast } else { ns_floor };
-            between(client, ns_floor).await?;
-            between(client, ns_ballast).await?;
+            settled(client, ns_floor).await?;
+            settled(client, ns_ballast).await?;
+            tokio::time::sleep(GAP).await;
             let c0 = conflicts(client).await?;
             let (secs, parts) = rollout(obs, client, ns, g, k).await?;
             conflicted[usize::from(g)] += conflicts(client).await? - c0;
@@ -873,11 +874,12 @@ async fn p6_set(
     })
 }
 
-/// Before each P6 rollout: the previous rollouts' old pods are gone on both sides (about 0.1 s
-/// after completion), then [`GAP`] for the rest of their tail (the ReplicaSet's last status, the
-/// operator's `Succeeded` status, label and Events), so that no rollout starts while another
-/// still loads the API server. It was a fixed 2 s, mostly idle; the time went to more rollouts.
-async fn between(client: &Client, ns: &str) -> Result<()> {
+/// Before each P6 rollout, for each side: the previous rollouts' old pods are gone (about 0.1 s
+/// after completion). Then the rollout waits [`GAP`] for the rest of their tail (the ReplicaSet's
+/// last status, the operator's `Succeeded` status, label and Events), so that no rollout starts
+/// while another still loads the API server. It was a fixed 2 s, mostly idle; the time went to
+/// more rollouts.
+async fn settled(client: &Client, ns: &str) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels(&format!("app={ROLLOUT}"));
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -889,7 +891,7 @@ async fn between(client: &Client, ns: &str) -> Result<()> {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .count();
         if list.items.len() == live && live == ROLLOUT_REPLICAS as usize {
-            break;
+            return Ok(());
         }
         ensure!(
             Instant::now() < deadline,
@@ -898,12 +900,10 @@ async fn between(client: &Client, ns: &str) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(GAP).await;
-    Ok(())
 }
 
-/// The pause between P6 rollouts once the old pods are gone ([`between`]).
-const GAP: Duration = Duration::from_millis(500);
+/// The pause before each P6 rollout once both sides' old pods are gone ([`settled`]).
+const GAP: Duration = Duration::from_secs(1);
 
 /// How many writes of Deployments and ReplicaSets (the Deployment controller's status updates,
 /// scales, ballast's label writes) the API server has refused with a conflict so far: a write
@@ -1323,8 +1323,9 @@ fn rows(m: &Measured) -> Vec<Row> {
     ));
     rows.push(p6(
         format!(
-            "the same with {} strategies in the namespace (P5's), median s",
-            m.crowded_strategies
+            "the same with {} strategies in the namespace (P5's), median s ({} each)",
+            m.crowded_strategies,
+            m.crowded_plain_secs.len()
         ),
         &m.crowded_plain_secs,
         &m.crowded_governed_secs,

@@ -512,9 +512,6 @@ async fn measure(
         r.nodes_used,
         r.most_pods_on_a_node,
     );
-    if let Some(ns) = cleanup.namespace.take() {
-        support::delete_namespaces(&cleanup.kubectl, &[ns], "600s", Deletion::Between);
-    }
     Ok(r)
 }
 
@@ -591,8 +588,18 @@ async fn run(s: &Settings) -> Result<()> {
         if round % 2 == 1 {
             order.reverse();
         }
-        for m in order {
+        let last = order.len() - 1;
+        for (i, m) in order.into_iter().enumerate() {
+            // Only the very last method's namespace is the bench's last cleanup.
+            let deletion = if round + 1 == s.rounds && i == last {
+                Deletion::Last
+            } else {
+                Deletion::Between
+            };
             results.push(measure(s, &client, &mut cleanup, &metrics, m, round, suffix).await?);
+            if let Some(ns) = cleanup.namespace.take() {
+                support::delete_namespaces(&cleanup.kubectl, &[ns], "600s", deletion);
+            }
         }
     }
     drop(cleanup);
