@@ -591,11 +591,7 @@ async fn run(s: &Settings) -> Result<()> {
         let last = order.len() - 1;
         for (i, m) in order.into_iter().enumerate() {
             // Only the very last method's namespace is the bench's last cleanup.
-            let deletion = if round + 1 == s.rounds && i == last {
-                Deletion::Last
-            } else {
-                Deletion::Between
-            };
+            let deletion = Deletion::last_if(round + 1 == s.rounds && i == last);
             results.push(measure(s, &client, &mut cleanup, &metrics, m, round, suffix).await?);
             if let Some(ns) = cleanup.namespace.take() {
                 support::delete_namespaces(&cleanup.kubectl, &[ns], "600s", deletion);

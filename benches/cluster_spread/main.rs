@@ -815,11 +815,7 @@ async fn run(s: &Settings) -> Result<()> {
     let started = jiff::Timestamp::now();
     let mut results = Vec::new();
     for (i, &n) in s.sizes.iter().enumerate() {
-        let deletion = if i + 1 == s.sizes.len() {
-            Deletion::Last
-        } else {
-            Deletion::Between
-        };
+        let deletion = Deletion::last_if(i + 1 == s.sizes.len());
         results.push(
             measure(
                 s,

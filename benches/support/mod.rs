@@ -140,6 +140,15 @@ pub enum Deletion {
 }
 
 impl Deletion {
+    /// `Last` for the bench's last cleanup, else `Between`.
+    pub fn last_if(last: bool) -> Self {
+        if last {
+            Deletion::Last
+        } else {
+            Deletion::Between
+        }
+    }
+
     /// Whether this deletion waits for its objects to be gone.
     pub fn waits(self) -> bool {
         self == Deletion::Between
