@@ -658,6 +658,12 @@ async fn a_users_rollout_pause_while_rolling_is_left_alone_until_resumed() {
     env.c
         .kubectl_ok(&["set", "image", "deployment/web", "app=web:2", "-n", &ns]);
     env.wait_phase("web", RolloutPhase::Rolling, None, 60).await;
+    // The operator writes Rolling one round before it unpauses; `kubectl rollout pause` of a
+    // Deployment still paused fails ("already paused").
+    wait_until("the revision let go", Duration::from_secs(20), || async {
+        (!env.paused("web").await).then_some(())
+    })
+    .await;
     env.c
         .kubectl_ok(&["rollout", "pause", "deployment/web", "-n", &ns]);
     let s = env

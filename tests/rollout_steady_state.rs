@@ -267,8 +267,11 @@ async fn converged_strategies_make_no_api_requests() {
         n,
     )
     .await;
-    // The watch events of the last writes (status, pause) come back and are decided on.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The watch events of the last writes (status, pause) come back and are decided on. A
+    // strategy's status that only follows its Deployment (the generation its adoption wrote) is
+    // written up to FOLLOW_EVERY (5 s) after its Idle write: twice that, so the last of them is
+    // in before the first snapshot.
+    tokio::time::sleep(Duration::from_secs(10)).await;
 
     let metrics = || async {
         let (code, body) = op.http_get("/metrics").await.expect("/metrics answers");

@@ -246,7 +246,7 @@ spec:
         "HookSucceeded",
         "RolloutSucceeded",
     ] {
-        assert!(!env.events(reason).await.is_empty(), "an Event {reason}");
+        env.wait_event(reason, |_| true).await;
     }
     let s = env.status("web").await;
     assert_eq!(s.hooks.len(), 3);
@@ -421,16 +421,16 @@ async fn failed_pre_hook_rolls_back_and_leaves_old_pods_untouched() {
     .await;
     assert!(rs_of_image(&env.replica_sets().await, "web:2").is_none());
     assert_eq!(pod_uids(&env).await, before, "old pods untouched");
-    let failed = env.events("HookFailed").await;
-    assert!(failed.iter().any(|e| {
+    env.wait_event("HookFailed", |e| {
         e.type_.as_deref() == Some("Warning")
             && e.message
                 .as_deref()
                 .unwrap_or_default()
                 .contains("exit code 1")
-    }));
-    assert!(!env.events("RolloutFailed").await.is_empty());
-    assert!(!env.events("RolledBack").await.is_empty());
+    })
+    .await;
+    env.wait_event("RolloutFailed", |_| true).await;
+    env.wait_event("RolledBack", |_| true).await;
 }
 
 #[tokio::test]
@@ -1116,14 +1116,22 @@ spec:
             break;
         }
         let rss = env.replica_sets().await;
+        // Judged only for hooks that a status read after the ReplicaSets still shows running:
+        // a hook's end, the unpause and the next scale step can fall between the two reads
+        // (the operator writes the end to status before it unpauses).
+        let after = env.status("web").await;
         let scaled = rs_of_image(&rss, "web:2")
             .and_then(|r| r.spec.as_ref()?.replicas)
             .unwrap_or(0);
-        for h in s
-            .hooks
-            .iter()
-            .filter(|h| h.point == ballast::api::HookPoint::Mid && h.phase == HookPhase::Running)
-        {
+        let running = |h: &ballast::api::HookStatus| {
+            h.point == ballast::api::HookPoint::Mid && h.phase == HookPhase::Running
+        };
+        for h in s.hooks.iter().filter(|h| running(h)).filter(|h| {
+            after
+                .hooks
+                .iter()
+                .any(|a| a.name == h.name && a.revision == h.revision && running(a))
+        }) {
             match held.iter_mut().find(|(name, _, _)| *name == h.name) {
                 Some((_, _, seen)) => seen.push(scaled),
                 None => held.push((h.name.clone(), scaled, vec![scaled])),

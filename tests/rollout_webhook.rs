@@ -223,7 +223,7 @@ async fn a_pre_webhook_gets_the_revision_and_passes_before_the_new_replica_set_e
             .is_empty(),
         "a webhook runs no Job"
     );
-    assert!(!env.events("HookSucceeded").await.is_empty());
+    env.wait_event("HookSucceeded", |_| true).await;
 }
 
 #[tokio::test]
@@ -258,14 +258,13 @@ async fn a_failing_webhook_rolls_back_with_its_status_and_body_in_status_and_a_w
     assert_eq!(s.stable_revision.as_deref(), Some(stable.as_str()));
     assert!(rs_of_image(&env.replica_sets().await, "web:2").is_none());
     assert_eq!(pod_uids(&env).await, before, "old pods untouched");
-    let failed = env.events("HookFailed").await;
-    assert!(
-        failed.iter().any(|e| e.type_.as_deref() == Some("Warning")
-            && e.message.as_deref().is_some_and(
-                |m| m.contains("500") && m.contains("migration refused: schema locked")
-            )),
-        "{failed:#?}"
-    );
+    env.wait_event("HookFailed", |e| {
+        e.type_.as_deref() == Some("Warning")
+            && e.message.as_deref().is_some_and(|m| {
+                m.contains("500") && m.contains("migration refused: schema locked")
+            })
+    })
+    .await;
 }
 
 /// Rolls web:2 out under a webhook at `point` whose engine answers 202; returns the stable and
@@ -350,11 +349,12 @@ async fn a_202_without_a_decision_fails_at_the_hooks_timeout() {
         "failed {took:?} after its start"
     );
     assert_eq!(engine.hits().len(), 1);
-    assert!(env.events("HookFailed").await.iter().any(|e| {
+    env.wait_event("HookFailed", |e| {
         e.message
             .as_deref()
             .is_some_and(|m| m.contains("WebhookDecisionTimeout"))
-    }));
+    })
+    .await;
 }
 
 #[tokio::test]

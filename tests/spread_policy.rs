@@ -729,8 +729,11 @@ async fn a_workload_relabelled_out_of_the_selector_loses_our_terms() {
     .await;
     assert_eq!(user_parts(&d), expected_user_parts());
     assert!(!d.annotations().contains_key("ballast.dev/spread-policy"));
-    let s = policy_status(&c, &ns.name, "web-ha");
-    assert_eq!(s["matched"], 0);
+    // The workload is written before the policy's status, in the same reconcile.
+    wait_until("matched 0", Duration::from_secs(20), || async {
+        (policy_status(&c, &ns.name, "web-ha")["matched"] == 0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

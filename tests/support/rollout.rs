@@ -190,6 +190,33 @@ impl Env {
             .collect()
     }
 
+    /// The first Event of `reason` that `matches`, waited for: the operator sends a
+    /// reconcile's Events after its status write, so a test that has just seen the status may
+    /// list the Events before they are there. Panics after 10 s with those of that reason.
+    #[track_caller]
+    pub fn wait_event<'a>(
+        &'a self,
+        reason: &'a str,
+        matches: impl Fn(&Event) -> bool + 'a,
+    ) -> impl Future<Output = Event> + 'a {
+        let caller = std::panic::Location::caller();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let events = self.events(reason).await;
+                if let Some(e) = events.iter().find(|e| matches(e)) {
+                    return e.clone();
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no matching {reason} Event within 10 s (at {caller}): {:#?}",
+                    events.iter().map(|e| &e.message).collect::<Vec<_>>()
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+
     pub async fn annotate(&self, name: &str, key: &str, value: &str) {
         let patch = json!({"metadata": {"annotations": {key: value}}});
         self.strategies()
