@@ -35,6 +35,9 @@ SCHEDULER_PORT="${BALLAST_SCHEDULER_PORT:-10259}"
 KWOK_PORT="${BALLAST_KWOK_PORT:-10247}"
 ZONES=(zone-a zone-b zone-c)
 NODES_PER_ZONE="${BALLAST_NODES_PER_ZONE:-2}"
+# For diagnosis only: an audit policy file; the API server then writes what it selects to
+# logs/audit.log (who wrote what, and with which status code: say, whose writes meet 409s).
+AUDIT_POLICY="${BALLAST_APISERVER_AUDIT_POLICY:-}"
 
 log() { printf '[cluster-up] %s\n' "$*" >&2; }
 die() { printf '[cluster-up] error: %s\n' "$*" >&2; exit 1; }
@@ -160,6 +163,11 @@ start etcd "$ETCD_BIN/etcd" \
   --quota-backend-bytes=$((2 * 1024 * 1024 * 1024)) --unsafe-no-fsync=true --log-level=warn
 wait_for etcd 60 bash -c "exec 3<>/dev/tcp/127.0.0.1/$ETCD_PORT"
 
+AUDIT_ARGS=()
+if [[ -n "$AUDIT_POLICY" ]]; then
+  AUDIT_ARGS=(--audit-policy-file="$(realpath "$AUDIT_POLICY")" --audit-log-path="$STATE/logs/audit.log"
+    --audit-log-format=json --audit-log-mode=batch)
+fi
 start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
@@ -176,6 +184,7 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --service-cluster-ip-range=10.96.0.0/16 \
   --allow-privileged=true --profiling=false \
   --endpoint-reconciler-type=none \
+  ${AUDIT_ARGS[@]+"${AUDIT_ARGS[@]}"} \
   --v=1
 wait_for kube-apiserver 120 "${KUBECTL[@]}" get --raw /readyz
 
