@@ -190,9 +190,28 @@ impl Env {
             .collect()
     }
 
-    /// The first Event of `reason` that `matches`, waited for: the operator sends a
+    /// The first Event of `reason` that `matches`, waited for up to 10 s: the operator sends a
     /// reconcile's Events after its status write, so a test that has just seen the status may
-    /// list the Events before they are there. Panics after 10 s with those of that reason.
+    /// list the Events before they are there. `Err` holds those of that reason seen last.
+    pub async fn find_event(
+        &self,
+        reason: &str,
+        matches: impl Fn(&Event) -> bool,
+    ) -> Result<Event, Vec<Event>> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let events = self.events(reason).await;
+            if let Some(e) = events.iter().find(|e| matches(e)) {
+                return Ok(e.clone());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(events);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// [`Env::find_event`], or a panic at the caller's line naming the Events of that reason.
     #[track_caller]
     pub fn wait_event<'a>(
         &'a self,
@@ -201,19 +220,14 @@ impl Env {
     ) -> impl Future<Output = Event> + 'a {
         let caller = std::panic::Location::caller();
         async move {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let events = self.events(reason).await;
-                if let Some(e) = events.iter().find(|e| matches(e)) {
-                    return e.clone();
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "no matching {reason} Event within 10 s (at {caller}): {:#?}",
-                    events.iter().map(|e| &e.message).collect::<Vec<_>>()
-                );
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            self.find_event(reason, matches)
+                .await
+                .unwrap_or_else(|seen| {
+                    panic!(
+                        "no matching {reason} Event within 10 s (at {caller}): {:#?}",
+                        seen.iter().map(|e| &e.message).collect::<Vec<_>>()
+                    )
+                })
         }
     }
 
