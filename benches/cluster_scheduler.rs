@@ -18,9 +18,10 @@
 //! Two measures per method:
 //! - **placed pods/s**: 1000 / the time from the first Deployment create until the bench's watch
 //!   of the namespace has seen all 1000 pods with `spec.nodeName`. It includes the controller
-//!   manager making the pods (its ReplicaSet controller is limited to 20 requests/s by its client,
-//!   so about 50 s for 1000 pods): when that is the slower part, every method shows about the
-//!   same rate, and the second measure is the one that tells the methods apart.
+//!   manager making the pods (its client is limited to 100 requests/s by `hack/cluster-up.sh`;
+//!   the runs place about 55 pods/s with or without terms): when that is the slower part, every
+//!   method shows about the same rate, and the second measure is the one that tells the methods
+//!   apart.
 //! - **scheduler capacity, pods/s**: 1 / the scheduler's own time per pod in its scheduling
 //!   algorithm (filters and scores: `scheduler_scheduling_algorithm_duration_seconds`, sum over
 //!   count, read from the scheduler's `/metrics` on 127.0.0.1 before and after the method), the

@@ -24,10 +24,12 @@
 //! - P3, a restart with N converged, and P2, the steady state with scale churn (at one N: see
 //!   `steady.rs`), with the same operator.
 //!
-//! All namespaces are filled before any phase, so the deployment controller's backlog
-//! (it is limited to 20 requests/s and lags behind creations and template changes alike) is the
-//! same background for all phases. The operator is stopped, the policy's finalizer dropped and the
-//! namespaces deleted whatever happens (error, panic, Ctrl-C, SIGTERM, SIGHUP).
+//! All namespaces are filled before any phase, so the deployment controller's backlog is the
+//! same background for all phases: its client is limited to 100 requests/s (`hack/cluster-up.sh`)
+//! and the 3N creations keep it at that ceiling through every phase, at each N (an audit log of a
+//! run shows it: docs/benchmarks.md, "What the API server does during P1"). The operator is
+//! stopped, the policy's finalizer dropped and the namespaces deleted whatever happens (error,
+//! panic, Ctrl-C, SIGTERM, SIGHUP).
 //!
 //! It prints one table (measure, floor, ballast, ratio, goal, pass/fail) and writes it as JSON
 //! to `bench/results/cluster_spread-<UTC time>.json`. Settings (environment):
@@ -651,7 +653,8 @@ struct Row {
     ballast: String,
     ratio: String,
     goal: String,
-    pass: bool,
+    /// `None` for a row with no goal of the (printed as `info`).
+    pass: Option<bool>,
 }
 
 impl Row {
@@ -673,7 +676,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: format!("{:.2}", r.ballast_secs),
             ratio: format!("{ratio:.2}"),
             goal: "≤ 1.2× floor".into(),
-            pass: ratio <= 1.2,
+            pass: Some(ratio <= 1.2),
         });
         let strict = r.ballast_secs / r.parallel_floor_secs;
         rows.push(Row {
@@ -686,7 +689,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: format!("{:.2}", r.ballast_secs),
             ratio: format!("{strict:.2}"),
             goal: "≤ 1.2× floor".into(),
-            pass: strict <= 1.2,
+            pass: Some(strict <= 1.2),
         });
         rows.push(Row {
             id: "P1",
@@ -695,7 +698,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: r.ballast_template_writes.to_string(),
             ratio: format!("{:.2}", r.ballast_template_writes as f64 / r.n as f64),
             goal: "= N".into(),
-            pass: r.ballast_template_writes == r.n as u64,
+            pass: Some(r.ballast_template_writes == r.n as u64),
         });
         let per_change = r.ballast_requests as f64 / r.n as f64;
         rows.push(Row {
@@ -705,7 +708,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: format!("{per_change:.2}"),
             ratio: String::new(),
             goal: "≤ 2".into(),
-            pass: per_change <= 2.0,
+            pass: Some(per_change <= 2.0),
         });
         rows.push(Row {
             id: "P3",
@@ -717,7 +720,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: format!("{:.2}", r.restart_secs),
             ratio: String::new(),
             goal: "≤ 3 s".into(),
-            pass: r.restart_secs <= 3.0,
+            pass: Some(r.restart_secs <= 3.0),
         });
         rows.push(Row {
             id: "P3",
@@ -726,7 +729,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: r.restart_writes.to_string(),
             ratio: String::new(),
             goal: "= 1 (the new one)".into(),
-            pass: r.restart_writes == 1,
+            pass: Some(r.restart_writes == 1),
         });
         if let Some(st) = &r.steady {
             let what = format!(
@@ -740,7 +743,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
                 ballast: st.template_writes.to_string(),
                 ratio: String::new(),
                 goal: "= 0".into(),
-                pass: st.template_writes == 0,
+                pass: Some(st.template_writes == 0),
             });
             rows.push(Row {
                 id: "P2",
@@ -749,7 +752,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
                 ballast: format!("{} / {}", st.status_writes, st.status_changes_seen),
                 ratio: String::new(),
                 goal: "≤ changes seen".into(),
-                pass: st.status_writes <= st.status_changes_seen,
+                pass: Some(st.status_writes <= st.status_changes_seen),
             });
             rows.push(Row {
                 id: "P2",
@@ -761,7 +764,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
                 ballast: st.quiet_requests.to_string(),
                 ratio: String::new(),
                 goal: "= 0".into(),
-                pass: st.quiet_requests == 0,
+                pass: Some(st.quiet_requests == 0),
             });
         }
         // The goals: 48 MiB at 5000, 128 MiB at 20000; smaller N must fit the former.
@@ -779,7 +782,7 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ),
             ratio: String::new(),
             goal: format!("peak ≤ {goal:.0} MiB"),
-            pass: r.peak_rss_mib <= goal,
+            pass: Some(r.peak_rss_mib <= goal),
         });
     }
     let small = results.iter().find(|r| r.n == 1000);
@@ -794,7 +797,36 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ballast: format!("{ballast:.2}"),
             ratio: String::new(),
             goal: "≤ 5.5".into(),
-            pass: ballast <= 5.5,
+            pass: Some(ballast <= 5.5),
+        });
+        // How time grows with N is mostly the API server's: the stricter floor's own ratio, and
+        // the manager's CPU from the policy to convergence (its own work, which is linear if
+        // the controller is), say which part is ballast's.
+        rows.push(Row {
+            id: "P1",
+            measure: format!(
+                "time(5000) / time(1000), floor = one kube client, {WRITE_CONCURRENCY} in flight"
+            ),
+            floor: format!("{:.2}", b.parallel_floor_secs / a.parallel_floor_secs),
+            ballast: format!("{ballast:.2}"),
+            ratio: String::new(),
+            goal: String::new(),
+            pass: None,
+        });
+        rows.push(Row {
+            id: "P1",
+            measure: "the manager's CPU from the policy to convergence, s: N=1000 / N=5000 (×)"
+                .into(),
+            floor: String::new(),
+            ballast: format!(
+                "{:.2} / {:.2} ({:.2}×)",
+                a.ballast_cpu_secs_to_converge,
+                b.ballast_cpu_secs_to_converge,
+                b.ballast_cpu_secs_to_converge / a.ballast_cpu_secs_to_converge
+            ),
+            ratio: String::new(),
+            goal: String::new(),
+            pass: None,
         });
     }
     rows
@@ -841,7 +873,7 @@ async fn run(s: &Settings) -> Result<()> {
                 ballast: r.ballast.clone(),
                 ratio: r.ratio.clone(),
                 goal: r.goal.clone(),
-                pass: Some(r.pass),
+                pass: r.pass,
             })
             .collect::<Vec<_>>(),
     );
@@ -885,10 +917,16 @@ async fn run(s: &Settings) -> Result<()> {
         println!("Smoke run: only the rows that count writes and requests are judged.");
     }
     ensure!(
-        rows.iter().filter(judged).all(|r| r.pass),
+        rows.iter().filter(judged).all(|r| r.pass != Some(false)),
         "{} of {} rows failed their goal",
-        rows.iter().filter(judged).filter(|r| !r.pass).count(),
-        rows.iter().filter(judged).count()
+        rows.iter()
+            .filter(judged)
+            .filter(|r| r.pass == Some(false))
+            .count(),
+        rows.iter()
+            .filter(judged)
+            .filter(|r| r.pass.is_some())
+            .count()
     );
     Ok(())
 }

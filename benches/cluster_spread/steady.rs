@@ -7,10 +7,10 @@
 //!
 //! The churn is even, not in bursts: one Deployment of the churned tenth is toggled between 0 and
 //! 1 replica at a time, each of them once per `BALLAST_BENCH_CHURN_PERIOD_SECS` (150 s), so that
-//! the deployment controller (20 requests/s) keeps up; the pods are real (kwok runs them, the
-//! scheduler places them under the policy's Required zone anti-affinity). A status write is
-//! "real" when the bench's own watch of the policy saw its status change: the operator's status
-//! PATCHes must be no more than the changes seen.
+//! the deployment controller (100 requests/s, `hack/cluster-up.sh`) keeps up; the pods are real
+//! (kwok runs them, the scheduler places them under the policy's Required zone anti-affinity). A
+//! status write is "real" when the bench's own watch of the policy saw its status change: the
+//! operator's status PATCHes must be no more than the changes seen.
 
 use anyhow::{Context, Result, bail, ensure};
 use ballast::api::spread_policy::SpreadPolicy;
