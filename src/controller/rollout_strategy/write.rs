@@ -17,7 +17,7 @@ use super::observe::Observed;
 use super::webhook;
 use crate::api::RolloutStrategy;
 use crate::k8s::lenient::Lenient;
-use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply};
+use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, apply, written::Written};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::reflector::ObjectRef;
@@ -144,7 +144,7 @@ async fn apply_paused(
     resource_version: Option<&str>,
     marks: Option<Marks<'_>>,
 ) -> Result<Option<String>, Error> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let api: Api<Written<Deployment>> = Api::namespaced(client.clone(), ns);
     let body = paused_body(name, paused, resource_version, marks);
     let written = api
         .patch(
@@ -201,7 +201,7 @@ async fn merge_metadata(
     name: &str,
     patch: &serde_json::Value,
 ) -> Result<Option<String>, Error> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let api: Api<Written<Deployment>> = Api::namespaced(client.clone(), ns);
     let written = api
         .patch(name, &update_params(), &Patch::Merge(patch))
         .await
@@ -225,7 +225,7 @@ pub async fn scale(
     name: &str,
     replicas: i32,
 ) -> Result<Option<String>, Error> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let api: Api<Written<Deployment>> = Api::namespaced(client.clone(), ns);
     let patch = json_patch(serde_json::json!([
         {"op": "add", "path": "/spec/replicas", "value": replicas},
     ]));
@@ -245,7 +245,7 @@ pub async fn restore_template(
     resource_version: &str,
     template: &serde_json::Value,
 ) -> Result<Option<String>, Error> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let api: Api<Written<Deployment>> = Api::namespaced(client.clone(), ns);
     let patch = json_patch(serde_json::json!([
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "replace", "path": "/spec/template", "value": template},
@@ -301,7 +301,7 @@ pub async fn mark_target(
     target: &str,
     covered: bool,
 ) -> Result<Option<String>, Error> {
-    let api: Api<crate::api::RolloutStrategy> = Api::namespaced(client.clone(), ns);
+    let api: Api<Written<RolloutStrategy>> = Api::namespaced(client.clone(), ns);
     let value = covered.then_some("true");
     let patch = serde_json::json!({"metadata": {"labels": {
         TARGET_GOVERNED_LABEL: value,

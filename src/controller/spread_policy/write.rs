@@ -21,11 +21,11 @@ use super::pods::DELETION_COST;
 use super::scale_down::CostWrite;
 use super::workload::Workload;
 use crate::api::spread_policy::WorkloadKind;
-use crate::k8s::{SPREAD_POLICY_MANAGER, apply};
+use crate::k8s::{SPREAD_POLICY_MANAGER, apply, written::Written};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     api::{Patch, PatchParams},
 };
 use serde_json::{Map, Value, json};
@@ -231,7 +231,7 @@ pub async fn write_pod(
     name: &str,
     body: &Value,
 ) -> kube::Result<()> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let api: Api<Written<Pod>> = Api::namespaced(client.clone(), namespace);
     // Force: with `scaleDown: Balanced` the cost of a governed pod is ballast's to keep.
     api.patch(
         name,
@@ -258,7 +258,8 @@ pub struct Outcome {
     pub generation: Option<i64>,
 }
 
-/// Sends `body` to workload `name`.
+/// Sends `body` to workload `name`. Of the answer only the identity and version are decoded
+/// ([`Written`]).
 pub async fn write_workload(
     client: &Client,
     namespace: &str,
@@ -266,25 +267,25 @@ pub async fn write_workload(
     name: &str,
     body: &Body,
 ) -> kube::Result<Outcome> {
-    let meta = match kind {
+    let written = match kind {
         WorkloadKind::Deployment => {
-            let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-            send(&api, name, body).await?.metadata
+            let api: Api<Written<Deployment>> = Api::namespaced(client.clone(), namespace);
+            send(&api, name, body).await?.meta().clone()
         }
         WorkloadKind::StatefulSet => {
-            let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
-            send(&api, name, body).await?.metadata
+            let api: Api<Written<StatefulSet>> = Api::namespaced(client.clone(), namespace);
+            send(&api, name, body).await?.meta().clone()
         }
     };
     Ok(Outcome {
-        uid: meta.uid,
-        generation: meta.generation,
+        uid: written.uid,
+        generation: written.generation,
     })
 }
 
-async fn send<K>(api: &Api<K>, name: &str, body: &Body) -> kube::Result<K>
+async fn send<K>(api: &Api<Written<K>>, name: &str, body: &Body) -> kube::Result<Written<K>>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()>,
 {
     match body {
         // Force: the atomic affinity lists we send are the user's lists plus
