@@ -188,9 +188,12 @@ impl Workload {
 
 /// ballast's annotations of `all`.
 fn ours(all: &BTreeMap<String, String>) -> StrMap {
-    all.iter()
-        .filter(|(k, _)| k.starts_with("ballast.dev/"))
-        .collect()
+    all.iter().filter(|(k, _)| is_ours(k)).collect()
+}
+
+/// An annotation of ballast's (`ballast.dev/`): the only ones a view keeps.
+pub fn is_ours(annotation: &str) -> bool {
+    annotation.starts_with("ballast.dev/")
 }
 
 /// A workload's `spec.selector`, kept compact ([`StrMap`]): it becomes the label selector of
