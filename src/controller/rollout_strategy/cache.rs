@@ -17,27 +17,191 @@ use super::observe::DeploymentView;
 use super::revision;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus, ReplicaSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    FieldsV1, ManagedFieldsEntry, OwnerReference, Time,
+};
 use kube::api::ObjectMeta;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A Deployment as the cache keeps it.
-#[derive(Clone, Debug, Deserialize)]
+/// A Deployment as the cache keeps it. Decoded in part ([`Deserialize`] below): of its metadata
+/// all but the managedFields entries that do not own `spec.paused` and the last-applied
+/// annotation, and its spec and status only when it is labelled governed.
+#[derive(Clone, Debug)]
 pub struct CachedDeployment {
     pub metadata: ObjectMeta,
     /// As read; [`CachedDeployment::trim`] moves it into `view` (labelled governed) or drops it.
-    #[serde(default)]
     pub spec: Option<Box<DeploymentSpec>>,
     /// As read; moved into `view` or dropped with `spec`.
-    #[serde(default)]
     pub status: Option<Box<DeploymentStatus>>,
     /// The view decisions read, made once per version the watch delivers, while the Deployment
     /// is labelled governed: each reconcile of its strategy (one per event of the Deployment,
     /// its ReplicaSets, its hooks) would else copy the template twice, turn it into JSON and
     /// hash it.
-    #[serde(skip)]
     pub view: Option<Arc<DeploymentView>>,
+}
+
+/// Every Deployment of the watched namespaces comes through this watch, governed or not (with a
+/// SpreadPolicy over thousands of them, every write of its fan-out comes back as an event), so
+/// what [`CachedDeployment::trim`] drops is not decoded at all: the managedFields entries but
+/// those owning `spec.paused` (reduced to that field as they are read), the last-applied
+/// annotation, and the spec and status of a Deployment not labelled governed. The API server
+/// sends `metadata` before `spec` and `status`; were it ever sent after them, they would be
+/// decoded and then dropped by `trim`, as before.
+impl<'de> Deserialize<'de> for CachedDeployment {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Parts;
+        impl<'de> Visitor<'de> for Parts {
+            type Value = CachedDeployment;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a Deployment")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let (mut metadata, mut spec, mut status) = (None::<ObjectMeta>, None, None);
+                let wanted = |m: &Option<ObjectMeta>| m.as_ref().is_none_or(labelled_governed);
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Metadata => {
+                            metadata = Some(map.next_value::<ReceivedMeta>()?.into());
+                        }
+                        Field::Spec if wanted(&metadata) => spec = map.next_value()?,
+                        Field::Status if wanted(&metadata) => status = map.next_value()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(CachedDeployment {
+                    metadata: metadata.unwrap_or_default(),
+                    spec,
+                    status,
+                    view: None,
+                })
+            }
+        }
+        d.deserialize_map(Parts)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum Field {
+    Metadata,
+    Spec,
+    Status,
+    #[serde(other)]
+    Other,
+}
+
+fn labelled_governed(m: &ObjectMeta) -> bool {
+    m.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(super::gate::GOVERNED_LABEL))
+}
+
+/// A Deployment's metadata as [`CachedDeployment`] decodes it: every field of `ObjectMeta`, but
+/// managedFields and the annotations as [`keep_paused_owners`](super::observe::keep_paused_owners)
+/// leaves them.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReceivedMeta {
+    #[serde(default, deserialize_with = "without_last_applied")]
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    managed_fields: Vec<ManagedEntry>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+fn received_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    ReceivedMeta::deserialize(d).map(Into::into)
+}
+
+fn without_last_applied<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    crate::k8s::decode::map_keeping(d, |k| k != crate::k8s::LAST_APPLIED)
+}
+
+/// A managedFields entry, its fields read only as far as whether they hold `spec.paused`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ManagedEntry {
+    api_version: Option<String>,
+    fields_type: Option<String>,
+    #[serde(rename = "fieldsV1", default)]
+    fields_v1: Option<OwnsPaused>,
+    manager: Option<String>,
+    operation: Option<String>,
+    subresource: Option<String>,
+    time: Option<Time>,
+}
+
+#[derive(Deserialize)]
+struct OwnsPaused {
+    #[serde(rename = "f:spec")]
+    spec: Option<OwnsPausedSpec>,
+}
+
+#[derive(Deserialize)]
+struct OwnsPausedSpec {
+    #[serde(rename = "f:paused")]
+    paused: Option<IgnoredAny>,
+}
+
+impl From<ReceivedMeta> for ObjectMeta {
+    fn from(m: ReceivedMeta) -> Self {
+        let owners: Vec<ManagedFieldsEntry> = m
+            .managed_fields
+            .into_iter()
+            .filter(|e| {
+                e.fields_v1
+                    .as_ref()
+                    .and_then(|f| f.spec.as_ref())
+                    .is_some_and(|s| s.paused.is_some())
+            })
+            .map(|e| ManagedFieldsEntry {
+                api_version: e.api_version,
+                fields_type: e.fields_type,
+                fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:paused": {}}}))),
+                manager: e.manager,
+                operation: e.operation,
+                subresource: e.subresource,
+                time: e.time,
+            })
+            .collect();
+        ObjectMeta {
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
+            managed_fields: (!owners.is_empty()).then_some(owners),
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
+        }
+    }
 }
 
 impl CachedDeployment {
@@ -94,6 +258,9 @@ impl CachedDeployment {
 /// A ReplicaSet as the cache keeps it.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CachedReplicaSet {
+    /// Decoded as a Deployment's ([`ReceivedMeta`]): a ReplicaSet owns no `spec.paused`, so
+    /// none of its managedFields is kept, and none is read.
+    #[serde(deserialize_with = "received_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: CachedReplicaSetSpec,
@@ -119,7 +286,7 @@ pub struct CachedReplicaSetStatus {
 
 fn template_revision<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let template = Option::<PodTemplateSpec>::deserialize(d)?;
-    Ok(template.map(|t| revision::of_template(&revision::deployment_template_of(&t))))
+    Ok(template.map(|t| revision::of_template(&revision::deployment_template_of(t))))
 }
 
 impl CachedReplicaSet {
@@ -213,7 +380,7 @@ mod tests {
             cached.spec.revision.as_deref(),
             Some(
                 revision::of_template(&revision::deployment_template_of(
-                    full.spec.as_ref().unwrap().template.as_ref().unwrap()
+                    full.spec.as_ref().unwrap().template.clone().unwrap()
                 ))
                 .as_str()
             )
@@ -261,5 +428,67 @@ mod tests {
         );
         assert_eq!(other.metadata.labels, None);
         assert_eq!(CachedDeployment::kind(&()), "Deployment");
+    }
+
+    /// What the cache kept when a Deployment was decoded whole, then trimmed.
+    fn decoded_whole_then_trimmed(v: &serde_json::Value) -> CachedDeployment {
+        let d: Deployment = serde_json::from_value(v.clone()).unwrap();
+        let mut c = CachedDeployment {
+            metadata: d.metadata,
+            spec: d.spec.map(Box::new),
+            status: d.status.map(Box::new),
+            view: None,
+        };
+        c.trim();
+        c
+    }
+
+    #[test]
+    fn a_deployment_decoded_in_part_is_cached_as_the_whole_one_was() {
+        let mut fixture: serde_json::Value =
+            serde_json::from_str(include_str!("../../../benches/fixtures/deployment.json"))
+                .unwrap();
+        fixture["metadata"]["annotations"][crate::k8s::LAST_APPLIED] = "{}".into();
+        fixture["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:paused"] = json!({});
+        let mut governed_fixture = fixture.clone();
+        governed_fixture["metadata"]["labels"][super::super::gate::GOVERNED_LABEL] = "true".into();
+        for v in [
+            deployment(json!({super::super::gate::GOVERNED_LABEL: "true"})),
+            deployment(json!({"app": "web"})),
+            deployment(serde_json::Value::Null),
+            fixture,
+            governed_fixture,
+        ] {
+            let whole = decoded_whole_then_trimmed(&v);
+            let mut part: CachedDeployment = serde_json::from_str(&v.to_string()).unwrap();
+            part.trim();
+            assert_eq!(part.metadata, whole.metadata, "{v}");
+            assert_eq!(part.view, whole.view, "{v}");
+            assert!(part.spec.is_none() && part.status.is_none());
+        }
+
+        // Sent with its spec before its metadata (the API server does not), it is decoded whole
+        // and trimmed the same.
+        let v = deployment(json!({super::super::gate::GOVERNED_LABEL: "true"}));
+        let spec_first = format!(
+            r#"{{"spec": {}, "status": {}, "metadata": {}}}"#,
+            v["spec"], v["status"], v["metadata"]
+        );
+        let mut part: CachedDeployment = serde_json::from_str(&spec_first).unwrap();
+        assert!(part.spec.is_some() && part.status.is_some());
+        part.trim();
+        assert_eq!(part.view, decoded_whole_then_trimmed(&v).view);
+        assert!(part.view.is_some());
+    }
+
+    #[test]
+    fn a_replica_set_is_decoded_without_its_managed_fields() {
+        let json = include_str!("../../../benches/fixtures/replicaset.json");
+        let mut whole: ReplicaSet = serde_json::from_str(json).unwrap();
+        assert!(whole.metadata.managed_fields.is_some());
+        let cached: CachedReplicaSet = serde_json::from_str(json).unwrap();
+        whole.metadata.managed_fields = None;
+        assert_eq!(cached.metadata, whole.metadata);
+        assert!(cached.controlling_deployment().is_some());
     }
 }

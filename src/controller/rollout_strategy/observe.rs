@@ -171,7 +171,7 @@ impl DeploymentView {
                 let rspec = r.spec.as_ref();
                 let rstatus = r.status.clone().unwrap_or_default();
                 let template = revision::deployment_template_of(
-                    &rspec.and_then(|s| s.template.clone()).unwrap_or_default(),
+                    rspec.and_then(|s| s.template.clone()).unwrap_or_default(),
                 );
                 ReplicaSetView {
                     name: r.name_any(),
@@ -543,7 +543,7 @@ impl Caches {
 pub fn trim(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
     if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+        a.remove(crate::k8s::LAST_APPLIED);
     }
 }
 

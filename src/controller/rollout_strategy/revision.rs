@@ -67,8 +67,7 @@ pub fn of_template(template: &PodTemplateSpec) -> String {
 }
 
 /// The Deployment template a ReplicaSet was made from: its template without `pod-template-hash`.
-pub fn deployment_template_of(rs_template: &PodTemplateSpec) -> PodTemplateSpec {
-    let mut t = rs_template.clone();
+pub fn deployment_template_of(mut t: PodTemplateSpec) -> PodTemplateSpec {
     if let Some(labels) = t.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
         labels.remove(POD_TEMPLATE_HASH);
     }
@@ -77,7 +76,7 @@ pub fn deployment_template_of(rs_template: &PodTemplateSpec) -> PodTemplateSpec 
 
 /// The revision of the template a ReplicaSet was made from (its `pod-template-hash` dropped).
 pub fn of_replica_set_template(template: &PodTemplateSpec) -> String {
-    of_template(&deployment_template_of(template))
+    of_template(&deployment_template_of(template.clone()))
 }
 
 #[cfg(test)]
