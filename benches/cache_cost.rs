@@ -9,6 +9,12 @@
 //! RolloutStrategy controller's ReplicaSets), as a watch would put them; a counting allocator gives the bytes still allocated per object (live heap,
 //! as requested of the allocator: malloc's own overhead, ~16 B per allocation, is counted
 //! apart), and the untrimmed object is measured the same way as the floor. No cluster.
+//!
+//! Then what decoding costs, per object, in CPU time and allocations: a watch event of a
+//! Deployment a SpreadPolicy governs, into the SpreadPolicy controller's view, and the API
+//! server's answer to a write, as the controllers decode them, each side by side with its
+//! k8s-openapi type (what a plain kube watcher or `Api<Deployment>::patch` decodes) and with a
+//! scan of the JSON that keeps nothing (the floor no decoder goes under).
 
 use ballast::controller::{
     rollout_strategy::{
@@ -35,11 +41,14 @@ struct Counting;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static LIVE_ALLOCS: AtomicIsize = AtomicIsize::new(0);
+/// Every allocation made, freed or not (the decode measures).
+static ALLOCS: AtomicIsize = AtomicIsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size() as isize, Relaxed);
         LIVE_ALLOCS.fetch_add(1, Relaxed);
+        ALLOCS.fetch_add(1, Relaxed);
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -49,6 +58,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE_BYTES.fetch_add(new_size as isize - layout.size() as isize, Relaxed);
+        ALLOCS.fetch_add(1, Relaxed);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -208,6 +218,164 @@ fn governed(fixture: &str) -> String {
     v.to_string()
 }
 
+/// `governed`'s Deployment as the API server sends it once ballast has applied the term: with
+/// the managedFields entry of that apply.
+fn governed_as_sent(fixture: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&governed(fixture)).expect("governed");
+    let entry = serde_json::json!({
+        "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "manager": "ballast.dev/spread-policy",
+        "operation": "Apply", "time": "2026-12-03T19:12:15Z",
+        "fieldsV1": {
+            "f:metadata": {"f:annotations": {"f:ballast.dev/spread-policy": {}}},
+            "f:spec": {"f:template": {
+                "f:metadata": {"f:annotations": {"f:ballast.dev/spread-terms": {}}},
+                "f:spec": {"f:affinity": {"f:podAntiAffinity": {
+                    "f:preferredDuringSchedulingIgnoredDuringExecution": {}}}}}}}});
+    v["metadata"]["managedFields"]
+        .as_array_mut()
+        .expect("managedFields")
+        .push(entry);
+    v.to_string()
+}
+
+/// Nanoseconds and allocations per decode of `json` by `decode`: the median of 9 batches of
+/// `REPS` decodes, the batches of every decoder of a row taken in turn, so that they share
+/// what the machine was doing.
+const REPS: usize = 20_000;
+
+type Decoder<'a> = (&'a str, &'a dyn Fn(&str));
+
+fn decode_rows(what: &str, json: &str, decoders: &[Decoder]) {
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); decoders.len()];
+    let mut allocs = vec![0.0; decoders.len()];
+    for _ in 0..9 {
+        for (i, (_, decode)) in decoders.iter().enumerate() {
+            let a0 = ALLOCS.load(Relaxed);
+            let t0 = std::time::Instant::now();
+            for _ in 0..REPS {
+                decode(std::hint::black_box(json));
+            }
+            times[i].push(t0.elapsed().as_nanos() as f64 / REPS as f64);
+            allocs[i] = (ALLOCS.load(Relaxed) - a0) as f64 / REPS as f64;
+        }
+    }
+    println!("{what} ({} bytes):", json.len());
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let floor = median(&mut times[0].clone());
+    for (i, (name, _)) in decoders.iter().enumerate() {
+        let ns = median(&mut times[i]);
+        println!(
+            "  {name:<60} {:>7.1} µs  {:>6.1} allocs  {:>5.2}x the first",
+            ns / 1000.0,
+            allocs[i],
+            ns / floor
+        );
+    }
+}
+
+fn decode_cost(deployment: &str) {
+    use ballast::k8s::written::Written;
+    use serde::de::IgnoredAny;
+    let sent = governed_as_sent(deployment);
+    println!("\nCPU time and allocations per decode (median of 9 batches of {REPS}):");
+    decode_rows(
+        "a watch event of a governed Deployment, SpreadPolicy controller",
+        &sent,
+        &[
+            (
+                "k8s-openapi Deployment, then its view (the old decode)",
+                &|j| {
+                    let d: Deployment = serde_json::from_str(j).expect("decodes");
+                    std::hint::black_box(Cached::of(&d));
+                },
+            ),
+            (
+                "Cached<Deployment>: the parts the view reads, then the view",
+                &|j| {
+                    let c: Cached<Deployment> = serde_json::from_str(j).expect("decodes");
+                    std::hint::black_box(c);
+                },
+            ),
+            (
+                "k8s-openapi Deployment alone (what a plain watcher decodes)",
+                &|j| {
+                    let d: Deployment = serde_json::from_str(j).expect("decodes");
+                    std::hint::black_box(d);
+                },
+            ),
+            ("a scan that keeps nothing (IgnoredAny)", &|j| {
+                let v: IgnoredAny = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(v);
+            }),
+        ],
+    );
+    decode_rows(
+        "the same event, RolloutStrategy controller (not labelled governed)",
+        &sent,
+        &[
+            (
+                "k8s-openapi Deployment alone (what a plain watcher decodes)",
+                &|j| {
+                    let d: Deployment = serde_json::from_str(j).expect("decodes");
+                    std::hint::black_box(d);
+                },
+            ),
+            ("CachedDeployment, then trimmed for its cache", &|j| {
+                let mut c: CachedDeployment = serde_json::from_str(j).expect("decodes");
+                c.trim();
+                std::hint::black_box(c);
+            }),
+            ("a scan that keeps nothing (IgnoredAny)", &|j| {
+                let v: IgnoredAny = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(v);
+            }),
+        ],
+    );
+    let replica_set = include_str!("fixtures/replicaset.json");
+    decode_rows(
+        "a watch event of a ReplicaSet, RolloutStrategy controller",
+        replica_set,
+        &[
+            (
+                "k8s-openapi ReplicaSet (what a plain watcher decodes)",
+                &|j| {
+                    let r: ReplicaSet = serde_json::from_str(j).expect("decodes");
+                    std::hint::black_box(r);
+                },
+            ),
+            ("CachedReplicaSet", &|j| {
+                let r: CachedReplicaSet = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(r);
+            }),
+            ("a scan that keeps nothing (IgnoredAny)", &|j| {
+                let v: IgnoredAny = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(v);
+            }),
+        ],
+    );
+    decode_rows(
+        "the answer to a write of a Deployment, both controllers",
+        &sent,
+        &[
+            ("k8s-openapi Deployment (the old decode)", &|j| {
+                let d: Deployment = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(d);
+            }),
+            ("Written<Deployment>: identity and version", &|j| {
+                let w: Written<Deployment> = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(w);
+            }),
+            ("a scan that keeps nothing (IgnoredAny)", &|j| {
+                let v: IgnoredAny = serde_json::from_str(j).expect("decodes");
+                std::hint::black_box(v);
+            }),
+        ],
+    );
+}
+
 fn main() {
     let deployment = include_str!("fixtures/deployment.json");
     let governed_deployment = governed(deployment);
@@ -266,4 +434,5 @@ fn main() {
         "pods of Deployments in the pod index: {pod:.0} B each ({:.1} MiB for 15000 pods, 3 per workload at N = 5000)",
         pod * 15000.0 / (1024.0 * 1024.0)
     );
+    decode_cost(deployment);
 }
