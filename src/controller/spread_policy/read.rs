@@ -4,7 +4,7 @@
 //! by namespace in [`Workloads`]: about 0.9 KiB, 2.0 KiB with a policy's term, instead of the
 //! 6 KiB of even a stripped k8s-openapi Deployment, whose pod template is inline; see `make
 //! bench`'s `cache_cost`; only the parts of the object the view reads are decoded, so a watch
-//! event costs 0.5 to 0.6 times the decode of the whole object), nodes are
+//! event costs 0.5 to 0.65 times the decode of the whole object), nodes are
 //! stripped, and watch events that change nothing a decision reads (heartbeats of nodes, status
 //! updates of workloads whose rollout state is unchanged) are dropped before they trigger a
 //! reconcile: with thousands of workloads, their own controllers' status updates would otherwise
