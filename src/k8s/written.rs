@@ -16,6 +16,13 @@ pub struct Written<K> {
     kind: PhantomData<fn() -> K>,
 }
 
+impl<K> Written<K> {
+    /// The identity and version the answer carried.
+    pub fn into_meta(self) -> ObjectMeta {
+        self.metadata
+    }
+}
+
 impl<K> std::fmt::Debug for Written<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Written")

@@ -25,7 +25,7 @@ use crate::k8s::{SPREAD_POLICY_MANAGER, apply, written::Written};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    Api, Client, Resource,
+    Api, Client,
     api::{Patch, PatchParams},
 };
 use serde_json::{Map, Value, json};
@@ -270,11 +270,11 @@ pub async fn write_workload(
     let written = match kind {
         WorkloadKind::Deployment => {
             let api: Api<Written<Deployment>> = Api::namespaced(client.clone(), namespace);
-            send(&api, name, body).await?.meta().clone()
+            send(&api, name, body).await?.into_meta()
         }
         WorkloadKind::StatefulSet => {
             let api: Api<Written<StatefulSet>> = Api::namespaced(client.clone(), namespace);
-            send(&api, name, body).await?.meta().clone()
+            send(&api, name, body).await?.into_meta()
         }
     };
     Ok(Outcome {
