@@ -2,6 +2,49 @@
 //! names, server-side apply helpers, condition bookkeeping and the labels and
 //! annotations ballast writes. Nothing here decides anything.
 
+/// Implements `kube::Resource` for a type that stands for objects of kind `K` but keeps less of
+/// them (a cache's trimmed object, a write's answer): its kind, group, version and plural are
+/// `K`'s, its metadata is its own `metadata` field.
+///
+/// `resource_as!(Trimmed as Deployment)` for one kind; `resource_as!(<K> Partial<K>)` for a type
+/// generic over the kind it stands for.
+macro_rules! resource_as {
+    (<$k:ident> $ty:ty) => {
+        impl<$k: kube::Resource<DynamicType = ()>> kube::Resource for $ty {
+            $crate::k8s::resource_as!(@body $k);
+        }
+    };
+    ($ty:ty as $k:ty) => {
+        impl kube::Resource for $ty {
+            $crate::k8s::resource_as!(@body $k);
+        }
+    };
+    (@body $k:ty) => {
+        type DynamicType = ();
+        type Scope = <$k as kube::Resource>::Scope;
+
+        fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::kind(dt)
+        }
+        fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::group(dt)
+        }
+        fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::version(dt)
+        }
+        fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::plural(dt)
+        }
+        fn meta(&self) -> &kube::api::ObjectMeta {
+            &self.metadata
+        }
+        fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+            &mut self.metadata
+        }
+    };
+}
+pub(crate) use resource_as;
+
 pub mod apply;
 pub mod compact;
 pub mod conditions;

@@ -7,7 +7,7 @@
 
 use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer};
-use std::{borrow::Cow, marker::PhantomData};
+use std::marker::PhantomData;
 
 /// An object of kind `K` as a write's answer left it: name, namespace, uid, resourceVersion and
 /// generation. Read-only: nothing is ever sent as a `Written`.
@@ -73,29 +73,7 @@ impl<'de, K> Deserialize<'de> for Written<K> {
     }
 }
 
-impl<K: kube::Resource<DynamicType = ()>> kube::Resource for Written<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::resource_as!(<K> Written<K>);
 
 #[cfg(test)]
 mod tests {

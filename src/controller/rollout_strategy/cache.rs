@@ -23,7 +23,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use kube::api::ObjectMeta;
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -303,38 +302,10 @@ impl CachedReplicaSet {
     }
 }
 
-/// Served at the API of `$api` (ReplicaSet, Deployment): a cached view of one is a
-/// [`kube::Resource`] of the same kind, so the watches and caches take it as they would it.
-macro_rules! resource_as {
-    ($cached:ty, $api:ty) => {
-        impl kube::Resource for $cached {
-            type DynamicType = ();
-            type Scope = k8s_openapi::NamespaceResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                <$api as k8s_openapi::Resource>::KIND.into()
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                <$api as k8s_openapi::Resource>::GROUP.into()
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                <$api as k8s_openapi::Resource>::VERSION.into()
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                <$api as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-resource_as!(CachedDeployment, Deployment);
-resource_as!(CachedReplicaSet, ReplicaSet);
+// A cached view of a Deployment or ReplicaSet is a `kube::Resource` of the same kind, so the
+// watches and caches take it as they would the whole object.
+crate::k8s::resource_as!(CachedDeployment as Deployment);
+crate::k8s::resource_as!(CachedReplicaSet as ReplicaSet);
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,6 @@ use kube::api::ObjectMeta;
 use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 use std::{
-    borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
     hash::Hash,
     marker::PhantomData,
@@ -186,29 +185,7 @@ impl<'de, K: Viewed + kube::Resource> Deserialize<'de> for Cached<K> {
     }
 }
 
-impl<K: k8s_openapi::Resource> kube::Resource for Cached<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        K::KIND.into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        K::GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        K::VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        K::URL_PATH_SEGMENT.into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::k8s::resource_as!(<K> Cached<K>);
 
 /// The views of the watched Deployments and StatefulSets, filed by namespace, kind and name,
 /// as their watches' events come ([`Workloads::apply`]). A kube-runtime store kept each
