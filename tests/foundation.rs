@@ -939,6 +939,39 @@ spec:
         .kubectl_ok(&["delete", "rost", "web", "-n", &ns, "--timeout=60s"]);
 
     let (_, metrics) = env.op.http_get("/metrics").await.expect("/metrics answers");
+    // What each watch received is counted: every watch above saw objects come (listed or
+    // applied), and the deletions of the policy and of the pruned Job went through theirs.
+    let received = |watch: &str, event: &str| -> f64 {
+        let series = format!("ballast_watch_events_total{{watch=\"{watch}\",event=\"{event}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0.0, |v| v.parse().expect("a number"))
+    };
+    for watch in [
+        "spread-policy/deployments",
+        "spread-policy/statefulsets",
+        "spread-policy/pods",
+        "spread-policy/nodes",
+        "spread-policy/spreadpolicies",
+        "spread-policy/clusterspreadpolicies",
+        "rollout-strategy/rolloutstrategies",
+        "rollout-strategy/deployments",
+        "rollout-strategy/replicasets",
+        "rollout-strategy/jobs",
+        "rollout-strategy/pods",
+    ] {
+        assert!(
+            received(watch, "list") + received(watch, "apply") > 0.0,
+            "no object counted for the watch {watch}:\n{metrics}"
+        );
+    }
+    for watch in ["spread-policy/spreadpolicies", "rollout-strategy/jobs"] {
+        assert!(
+            received(watch, "delete") > 0.0,
+            "no deletion counted for the watch {watch}:\n{metrics}"
+        );
+    }
     let requests = requests_in(&metrics);
     let forbidden: Vec<_> = requests.iter().filter(|r| r.3 == "403").collect();
     assert!(forbidden.is_empty(), "refused by RBAC: {forbidden:?}");

@@ -176,20 +176,26 @@ pub fn watch_config() -> watcher::Config {
 }
 
 /// A watch of `api` with kube-runtime's default backoff, reporting to [`Health`] under `name`
-/// (`controller/resource`) whether it keeps failing.
+/// (`controller/resource`) whether it keeps failing, and counting the objects it receives
+/// (`ballast_watch_events_total`).
 pub fn watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
-    health: Health,
+    ctx: &Context,
     name: &'static str,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    let health = ctx.health.clone();
+    let events = ctx.metrics.watch_events(name);
     watcher(api, cfg)
         .default_backoff()
         .inspect(move |r| match r {
-            Ok(_) => health.watch_ok(name),
+            Ok(ev) => {
+                events.count(ev);
+                health.watch_ok(name);
+            }
             Err(e) => {
                 tracing::warn!(watch = name, error = %e, "watch failed; retrying with backoff");
                 health.watch_failed(name);

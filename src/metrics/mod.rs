@@ -70,6 +70,38 @@ pub const ROLLOUT_PHASES: [&str; 10] = [
     "RolledBack",
 ];
 
+/// One watch of the manager (`controller/resource`, as `/healthz` names it) and what its event
+/// was: `list` (an object of the initial list or a relist), `apply` (added or modified) or
+/// `delete`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchEventLabels {
+    pub watch: &'static str,
+    pub event: &'static str,
+}
+
+/// The counters of one watch's events, taken once so that counting an event costs an atomic
+/// add, not a lookup in the family.
+#[derive(Clone)]
+pub struct WatchEvents {
+    list: Counter,
+    apply: Counter,
+    delete: Counter,
+}
+
+impl WatchEvents {
+    /// Counts one event of the watch (the start and end of a list are not objects: not counted).
+    pub fn count<K>(&self, ev: &kube::runtime::watcher::Event<K>) {
+        use kube::runtime::watcher::Event;
+        let counter = match ev {
+            Event::InitApply(_) => &self.list,
+            Event::Apply(_) => &self.apply,
+            Event::Delete(_) => &self.delete,
+            Event::Init | Event::InitDone => return,
+        };
+        counter.inc();
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GateLabels {
     pub mode: &'static str,
@@ -89,6 +121,8 @@ pub struct Metrics {
     pub leader: Gauge,
     pub api_requests: Family<api::ApiRequestLabels, Counter>,
     pub api_request_durations: Family<api::ApiDurationLabels, Histogram>,
+    /// Objects each watch has received, by event.
+    pub watch_events: Family<WatchEventLabels, Counter>,
     /// 1 for the RolloutStrategy gate in force (`admission` or `pause-at-rest`), 0 for the other.
     pub gate: Family<GateLabels, Gauge>,
     /// Per RolloutStrategy, 1 for its phase and 0 for the others (kube-state-metrics style).
@@ -174,6 +208,12 @@ impl Default for Metrics {
             "Time from sending a request to the API server to its response, by verb, group and resource (watches left out)",
             api_request_durations.clone(),
         );
+        let watch_events = Family::<WatchEventLabels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Objects received by each watch of the manager, by event: list (initial list and relists), apply (added or modified), delete",
+            watch_events.clone(),
+        );
         registry.register(
             "gate",
             "1 for how RolloutStrategy holds governed Deployments: mode=admission (the revision gate) or mode=pause-at-rest",
@@ -191,6 +231,7 @@ impl Default for Metrics {
             leader,
             api_requests,
             api_request_durations,
+            watch_events,
             gate,
             rollout_strategy_phase,
             spread_policy_infeasible_pods,
@@ -199,6 +240,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The event counters of the watch `watch`.
+    pub fn watch_events(&self, watch: &'static str) -> WatchEvents {
+        let counter = |event| {
+            self.watch_events
+                .get_or_create(&WatchEventLabels { watch, event })
+                .clone()
+        };
+        WatchEvents {
+            list: counter("list"),
+            apply: counter("apply"),
+            delete: counter("delete"),
+        }
+    }
+
     /// Records the gate in force.
     pub fn set_gate(&self, admission: bool) {
         for (mode, on) in [("admission", admission), ("pause-at-rest", !admission)] {
@@ -309,6 +364,33 @@ mod tests {
         assert!(text.contains("reason=\"ApplyFailed\""), "{text}");
         assert!(text.contains("ballast_workload_writes_total"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn each_object_a_watch_receives_is_counted_by_event_and_the_list_markers_are_not() {
+        use kube::runtime::watcher::Event;
+        let m = Metrics::default();
+        let events = m.watch_events("spread-policy/deployments");
+        for ev in [
+            Event::Init,
+            Event::InitApply(1),
+            Event::InitApply(2),
+            Event::InitDone,
+            Event::Apply(1),
+            Event::Delete(2),
+        ] {
+            events.count(&ev);
+        }
+        // A second handle on the same watch counts into the same series.
+        m.watch_events("spread-policy/deployments")
+            .count(&Event::Apply(3));
+        let text = m.render();
+        for (event, n) in [("list", 2), ("apply", 2), ("delete", 1)] {
+            let line = format!(
+                "ballast_watch_events_total{{watch=\"spread-policy/deployments\",event=\"{event}\"}} {n}\n"
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
     }
 
     #[test]

@@ -145,13 +145,12 @@ fn strategies_for(
 
 pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
-    let health = &ctx.health;
     let mut ready = super::CachesReady::new();
     let (store, writer) = reflector::store();
     let strategies = super::watch(
         ctx.scoped_api::<Lenient<RolloutStrategy>>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "rollout-strategy/rolloutstrategies",
     )
     .reflect(writer)
@@ -163,7 +162,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let deployments = super::watch(
         ctx.scoped_api::<cache::CachedDeployment>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "rollout-strategy/deployments",
     )
     .modify(cache::CachedDeployment::trim)
@@ -175,7 +174,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let replica_sets = super::watch(
         ctx.scoped_api::<cache::CachedReplicaSet>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "rollout-strategy/replicasets",
     )
     .inspect_ok(move |ev| index.apply(ev))
@@ -185,7 +184,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let hook_pods = super::watch(
         ctx.scoped_api::<Pod>(),
         cfg.clone().labels(hooks::LABEL_STRATEGY),
-        health.clone(),
+        &ctx,
         "rollout-strategy/pods",
     )
     .modify(|p| observe::trim(&mut p.metadata))
@@ -196,7 +195,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let jobs = super::watch(
         ctx.scoped_api::<Job>(),
         cfg.clone().labels(hooks::LABEL_STRATEGY),
-        health.clone(),
+        &ctx,
         "rollout-strategy/jobs",
     )
     .modify(|j| observe::trim(&mut j.metadata))

@@ -141,14 +141,13 @@ impl State {
 /// their pods, nodes and namespaces.
 pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cfg = super::watch_config();
-    let health = &ctx.health;
     let mut ready = super::CachesReady::new();
     let workloads = Arc::new(Workloads::default());
     let index = workloads.clone();
     let deploy_stream = super::watch(
         ctx.scoped_api::<Cached<Deployment>>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/deployments",
     )
     .inspect_ok(move |ev| index.apply(WorkloadKind::Deployment, ev))
@@ -159,7 +158,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let sts_stream = super::watch(
         ctx.scoped_api::<Cached<StatefulSet>>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/statefulsets",
     )
     .inspect_ok(move |ev| index.apply(WorkloadKind::StatefulSet, ev))
@@ -171,7 +170,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let node_stream = super::watch(
         Api::<Node>::all(ctx.client.clone()),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/nodes",
     )
     .modify(|n| {
@@ -203,11 +202,13 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
         None => cfg.clone(),
     };
     let mut ns_labels: HashMap<String, std::collections::BTreeMap<String, String>> = HashMap::new();
+    let ns_events = ctx.metrics.watch_events("spread-policy/namespaces");
     let ns_stream = watcher(
         Api::<PartialObjectMeta<Namespace>>::all(ctx.client.clone()),
         ns_cfg,
     )
     .default_backoff()
+    .inspect_ok(move |ev| ns_events.count(ev))
     .reflect(ns_writer)
     .inspect(ready.filled("namespaces").on_init_done())
     .touched_objects()
@@ -227,7 +228,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let policy_stream = super::watch(
         ctx.scoped_api::<Lenient<SpreadPolicy>>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/spreadpolicies",
     )
     .reflect(policy_writer)
@@ -237,7 +238,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let sibling_stream = super::watch(
         ctx.scoped_api::<Lenient<SpreadPolicy>>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/spreadpolicies-siblings",
     )
     .touched_objects();
@@ -245,7 +246,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cluster_stream = super::watch(
         Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/clusterspreadpolicies",
     )
     .reflect(cluster_writer)
@@ -254,7 +255,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let cluster_sibling_stream = super::watch(
         Api::<Lenient<ClusterSpreadPolicy>>::all(ctx.client.clone()),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/clusterspreadpolicies-siblings",
     )
     .touched_objects();
@@ -278,7 +279,7 @@ pub async fn run(ctx: Context, shutdown: ShutdownSignal) {
     let pod_stream = super::watch(
         ctx.scoped_api::<WatchedPod>(),
         cfg.clone(),
-        health.clone(),
+        &ctx,
         "spread-policy/pods",
     )
     .filter_map(move |ev| {
