@@ -43,7 +43,8 @@ mod steady;
 #[path = "../support/mod.rs"]
 mod support;
 use support::operator::{
-    Operator, admission_synced, controller_counters, machine, operator_kubeconfig,
+    Operator, admission_synced, controller_counters, delta, machine, operator_kubeconfig,
+    watch_event_counters,
 };
 use support::{Deletion, Kubectl, Row, client, env_count, env_usize, repo_root};
 
@@ -339,6 +340,9 @@ struct SizeResult {
     ballast_cpu_secs_to_quiet: f64,
     /// Reconciles and write outcomes of the SpreadPolicy controller meanwhile.
     spread_counters: BTreeMap<String, f64>,
+    /// The objects each of the operator's watches received meanwhile, by event (both
+    /// controllers': each decodes what it receives).
+    watch_events: BTreeMap<String, f64>,
     /// P3: from the restarted operator's start until a Deployment created at that instant
     /// carries the term.
     restart_secs: f64,
@@ -565,7 +569,9 @@ async fn measure(
     );
     let mut events = watch_from_now(&ballast_api).await?;
     let policies: Api<SpreadPolicy> = Api::namespaced(client.clone(), &ns_ballast);
-    let counters_before = controller_counters(&operator.metrics_text().await?, "spread-policy");
+    let text = operator.metrics_text().await?;
+    let counters_before = controller_counters(&text, "spread-policy");
+    let watch_events_before = watch_event_counters(&text);
     let cpu0 = operator.cpu_secs()?;
     let operator_pid = Some(operator.child.id());
     let others0 = background.others(operator_pid);
@@ -583,7 +589,9 @@ async fn measure(
     let after = operator.settle(s.quiet).await?;
     let (rss_mib, peak_rss_mib) = operator.rss_mib()?;
     let ballast_cpu_secs_to_quiet = operator.cpu_secs()? - cpu0;
-    let spread_counters = controller_counters(&operator.metrics_text().await?, "spread-policy")
+    let text = operator.metrics_text().await?;
+    let watch_events = delta(&watch_event_counters(&text), &watch_events_before);
+    let spread_counters = controller_counters(&text, "spread-policy")
         .into_iter()
         .map(|(k, v)| {
             let d = v - counters_before.get(&k).copied().unwrap_or(0.0);
@@ -676,6 +684,7 @@ async fn measure(
         ballast_cpu_secs_to_converge,
         ballast_cpu_secs_to_quiet,
         spread_counters,
+        watch_events,
         restart_secs,
         restart_writes,
         steady,
@@ -755,6 +764,19 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ratio: String::new(),
             goal: "≤ 2".into(),
             pass: Some(per_change <= 2.0),
+        });
+        let received: f64 = r.watch_events.values().sum();
+        rows.push(Row {
+            id: "P8",
+            measure: format!(
+                "N={}: objects the manager's watches received per workload change",
+                r.n
+            ),
+            floor: String::new(),
+            ballast: format!("{:.2}", received / r.n as f64),
+            ratio: String::new(),
+            goal: String::new(),
+            pass: None,
         });
         rows.push(Row {
             id: "P3",

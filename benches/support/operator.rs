@@ -527,6 +527,19 @@ pub fn controller_counters(metrics: &str, controller: &str) -> BTreeMap<String, 
         .collect()
 }
 
+/// The operator's `ballast_watch_events_total` series (each watch's objects by event), from its
+/// `/metrics` text.
+pub fn watch_event_counters(metrics: &str) -> BTreeMap<String, f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("ballast_watch_events_total{"))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
 /// `after - before`, series by series, without the unchanged ones.
 pub fn delta(
     after: &BTreeMap<String, f64>,
