@@ -591,14 +591,10 @@ async fn measure(
     let ballast_cpu_secs_to_quiet = operator.cpu_secs()? - cpu0;
     let text = operator.metrics_text().await?;
     let watch_events = delta(&watch_event_counters(&text), &watch_events_before);
-    let spread_counters = controller_counters(&text, "spread-policy")
-        .into_iter()
-        .map(|(k, v)| {
-            let d = v - counters_before.get(&k).copied().unwrap_or(0.0);
-            (k, d)
-        })
-        .filter(|(_, d)| *d > 0.0)
-        .collect();
+    let spread_counters = delta(
+        &controller_counters(&text, "spread-policy"),
+        &counters_before,
+    );
     // P3: a restart with N converged. The operator stops (SIGTERM: it gives up its Lease) and a
     // new one is started; in the same instant a Deployment the policy selects is created. The
     // time until that one carries the term is how long a restarted manager takes to act

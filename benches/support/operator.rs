@@ -508,18 +508,11 @@ pub fn quantile(v: &[f64], q: f64) -> f64 {
     s[rank - 1]
 }
 
-/// A controller's own counters of a /metrics page (reconciles, their errors by reason, workload
-/// writes by outcome), by series as printed.
-pub fn controller_counters(metrics: &str, controller: &str) -> BTreeMap<String, f64> {
-    let label = format!("controller=\"{controller}\"");
+/// The series of a /metrics page that `keep` (given each line) takes, by series as printed.
+fn series(metrics: &str, keep: impl Fn(&str) -> bool) -> BTreeMap<String, f64> {
     metrics
         .lines()
-        .filter(|l| {
-            (l.starts_with("ballast_reconciles_total{")
-                || l.starts_with("ballast_workload_writes_total{")
-                || l.starts_with("ballast_reconcile_errors_total{"))
-                && l.contains(&label)
-        })
+        .filter(|l| keep(l))
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
             Some((series.to_string(), value.parse().ok()?))
@@ -527,17 +520,22 @@ pub fn controller_counters(metrics: &str, controller: &str) -> BTreeMap<String, 
         .collect()
 }
 
+/// A controller's own counters of a /metrics page (reconciles, their errors by reason, workload
+/// writes by outcome), by series as printed.
+pub fn controller_counters(metrics: &str, controller: &str) -> BTreeMap<String, f64> {
+    let label = format!("controller=\"{controller}\"");
+    series(metrics, |l| {
+        (l.starts_with("ballast_reconciles_total{")
+            || l.starts_with("ballast_workload_writes_total{")
+            || l.starts_with("ballast_reconcile_errors_total{"))
+            && l.contains(&label)
+    })
+}
+
 /// The operator's `ballast_watch_events_total` series (each watch's objects by event), from its
 /// `/metrics` text.
 pub fn watch_event_counters(metrics: &str) -> BTreeMap<String, f64> {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("ballast_watch_events_total{"))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
+    series(metrics, |l| l.starts_with("ballast_watch_events_total{"))
 }
 
 /// `after - before`, series by series, without the unchanged ones.
