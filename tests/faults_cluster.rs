@@ -20,7 +20,7 @@ use ballast::api::{HookPhase, RolloutPhase};
 use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::Pod};
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
@@ -100,7 +100,7 @@ const F6: Scenario = Scenario {
 const F16: Scenario = Scenario {
     id: "F16",
     fault: "an API server that does not serve MutatingAdmissionPolicy (runtime-config and admission plugin off), manager with --gate=auto",
-    checked: "the manager falls back to pause-at-rest and says so (log line with the reason, ballast_gate metric, status.gate); the Deployment is kept paused at rest; a new template runs its pre hook before its first pod",
+    checked: "the manager falls back to pause-at-rest and says so (log line with the reason, ballast_gate metric, status.gate); the Deployment is kept paused at rest; a new template runs its pre hook before its first pod; a Deployment created after its strategy (unlabelled: no gate) adopted within 45 s; the governed label a user takes away put back within 30 s",
 };
 
 /// Records the scenario's row (a panic inside it is a failure too) and returns its failures.
@@ -811,6 +811,68 @@ async fn f16_no_admission_api(c: Cluster) -> Vec<String> {
         &mut failures,
         matches!((done, created), (Some(d), Some(r)) if r >= d - jiff::SignedDuration::from_secs(1)),
         format!("the pre hook ({done:?}) before the new ReplicaSet ({created:?})"),
+    );
+
+    // With no gate, nothing labels a Deployment created after its strategy, and the manager
+    // watches only Deployments labelled governed: the strategy finds it by looking afresh
+    // (`observe::Looks`, 10 s after the look that did not find it), not by the resync of 5
+    // minutes.
+    env.apply(
+        "apiVersion: ballast.dev/v1alpha1\nkind: RolloutStrategy\nmetadata: {name: late}\nspec:\n  targetRef: {name: late}\n",
+    );
+    env.wait_status("late", "Deployment not found", 30, |s| {
+        s.message
+            .as_deref()
+            .is_some_and(|m| m.contains("not found"))
+    })
+    .await;
+    env.apply(&deployment_yaml("late", "late:1", 1, false, ROLLING));
+    let created = std::time::Instant::now();
+    let adopted = tokio::time::timeout(
+        Duration::from_secs(45),
+        wait_until("late adopted", Duration::from_secs(45), || async {
+            let s = env.strategies().get("late").await.ok()?.status?;
+            s.stable_revision.is_some().then_some(())
+        }),
+    )
+    .await;
+    let d = env.deployment("late").await;
+    check(
+        &mut failures,
+        adopted.is_ok()
+            && d.labels().get("ballast.dev/governed").map(String::as_str) == Some("true")
+            && d.spec.as_ref().and_then(|s| s.paused) == Some(true),
+        format!(
+            "a Deployment created after its strategy adopted (labelled, paused at rest) within 45 s: after {:?}, labels {:?}, paused {:?}",
+            created.elapsed(),
+            d.labels(),
+            d.spec.as_ref().and_then(|s| s.paused)
+        ),
+    );
+    // A user takes the label away: the Deployment leaves the watch, its strategy looks afresh
+    // and labels it again.
+    c.kubectl_ok(&[
+        "label",
+        "deployment",
+        "web",
+        "ballast.dev/governed-",
+        "-n",
+        &env.ns.name,
+    ]);
+    let relabelled = tokio::time::timeout(
+        Duration::from_secs(30),
+        wait_until("web labelled again", Duration::from_secs(30), || async {
+            let d = env.deployments().get("web").await.ok()?;
+            d.labels()
+                .contains_key("ballast.dev/governed")
+                .then_some(())
+        }),
+    )
+    .await;
+    check(
+        &mut failures,
+        relabelled.is_ok() && env.paused("web").await,
+        "the governed label a user took away put back within 30 s, the Deployment still paused at rest",
     );
     failures
 }

@@ -1259,3 +1259,68 @@ async fn a_revision_without_pre_hooks_is_not_held_and_its_post_hook_runs_once_af
         assert!(env.paused("web").await, "pause-at-rest: paused at rest");
     }
 }
+
+/// The controller watches only the Deployments labelled governed: the writes to a Deployment
+/// no strategy governs (a SpreadPolicy's fan-out over thousands of them, say) never reach it,
+/// while the SpreadPolicy controller's watch of the same namespace receives every one. Read
+/// from the manager's `ballast_watch_events_total`.
+#[tokio::test]
+async fn writes_to_a_deployment_no_strategy_governs_never_reach_the_controller() {
+    let env = Env::new("rost-watch").await;
+    adopt(
+        &env,
+        1,
+        "  pre: [{name: migrate, container: {from: app, command: [migrate]}}]\n",
+    )
+    .await;
+    env.apply(&deployment_yaml("other", "other:1", 0, false, ROLLING));
+    let received = |metrics: &str, watch: &str| -> f64 {
+        let prefix = format!("ballast_watch_events_total{{watch=\"{watch}\",");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let metrics = || async { env.op.http_get("/metrics").await.expect("/metrics").1 };
+    // `other` is created, and `web`'s adoption has come back through the watches.
+    let spread = "spread-policy/deployments";
+    wait_until("other received", Duration::from_secs(30), || async {
+        (received(&metrics().await, spread) >= 2.0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = metrics().await;
+    const WRITES: usize = 10;
+    for i in 0..WRITES {
+        let patch = json!({"spec": {"template": {"metadata": {"annotations": {"test/revision": i.to_string()}}}}});
+        env.deployments()
+            .patch("other", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    let spread_before = received(&before, spread);
+    wait_until(
+        "the SpreadPolicy controller's watch received every write",
+        Duration::from_secs(30),
+        || async {
+            (received(&metrics().await, spread) >= spread_before + WRITES as f64).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = metrics().await;
+    let ours = "rollout-strategy/deployments";
+    let got = received(&after, ours) - received(&before, ours);
+    // `web` is at rest: nothing of it should come either; one late copy of it is tolerated.
+    assert!(
+        got <= 1.0,
+        "the RolloutStrategy controller's watch received {got} Deployments while {WRITES} writes went to one it does not govern (its own: {} received in all; the SpreadPolicy controller's: {})",
+        received(&after, ours),
+        received(&after, spread) - spread_before
+    );
+    assert!(
+        received(&after, ours) >= 1.0,
+        "the governed Deployment came through the watch"
+    );
+}

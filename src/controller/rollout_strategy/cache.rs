@@ -1,15 +1,16 @@
 //! What the controller's watch caches keep of the Deployments and ReplicaSets of the watched
-//! namespaces. Most of them are governed by no strategy, and a k8s-openapi `Deployment` or
-//! `ReplicaSet` takes about 2.4 KiB before any of its strings (its pod template is inline, even
-//! when empty), so the watches deserialize straight into these smaller types (`make bench`'s
-//! `cache_cost` measures them):
+//! namespaces. A k8s-openapi `Deployment` or `ReplicaSet` takes about 2.4 KiB before any of its
+//! strings (its pod template is inline, even when empty), so the watches deserialize straight
+//! into these smaller types (`make bench`'s `cache_cost` measures them):
 //! - [`CachedReplicaSet`]: as the watch reads it, with ballast's revision of the template and
 //!   never the template (only adoption reads one, afresh); what is kept of it is filed in
 //!   [`ReplicaSets`](super::replica_sets::ReplicaSets);
-//! - [`CachedDeployment`]: of a Deployment labelled [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL),
-//!   the [`DeploymentView`] its decisions read, made once as the watch delivers it; of any other,
-//!   its metadata (a decision about a Deployment not labelled yet reads it afresh: see
-//!   [`needs_fresh_target`](super::observe::needs_fresh_target)).
+//! - [`CachedDeployment`]: the [`DeploymentView`] a decision reads, made once as the watch
+//!   delivers it. The watch selects the Deployments labelled
+//!   [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL); the others, most of a cluster's, are not
+//!   in this cache at all (a decision about one not labelled yet reads it afresh: see
+//!   [`needs_fresh_target`](super::observe::needs_fresh_target)). Should the watch ever deliver
+//!   one without the label, only its metadata is decoded and kept.
 //!
 //! Both are read-only views: ballast never writes them back.
 
@@ -43,11 +44,10 @@ pub struct CachedDeployment {
     pub view: Option<Arc<DeploymentView>>,
 }
 
-/// Every Deployment of the watched namespaces comes through this watch, governed or not (with a
-/// SpreadPolicy over thousands of them, every write of its fan-out comes back as an event), so
-/// what [`CachedDeployment::trim`] drops is not decoded at all: the managedFields entries but
+/// What [`CachedDeployment::trim`] drops is not decoded at all: the managedFields entries but
 /// those owning `spec.paused` (reduced to that field as they are read), the last-applied
-/// annotation, and the spec and status of a Deployment not labelled governed. The API server
+/// annotation, and the spec and status of a Deployment not labelled governed (which the watch's
+/// label selector keeps out; a guard). The API server
 /// sends `metadata` before `spec` and `status`; were it ever sent after them, they would be
 /// decoded and then dropped by `trim`, as before.
 impl<'de> Deserialize<'de> for CachedDeployment {

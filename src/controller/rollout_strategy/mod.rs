@@ -90,6 +90,8 @@ pub struct State {
     expect: expect::Expectations,
     /// When each status was last written, to follow the Deployment at a bounded pace.
     pace: status::Pace,
+    /// When each strategy whose Deployment the cache does not show last looked for it.
+    looks: observe::Looks,
     /// Reconciles that write take turns, first come first served.
     turns: Turns,
     /// Whether the strategies' cache and [`observe::Caches`] are filled.
@@ -159,9 +161,12 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
     let controller = Controller::for_stream(strategies, store.clone());
     let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store);
     let (deployment_store, writer) = reflector::store();
+    // Only the Deployments labelled governed: the writes to all the others (a SpreadPolicy's
+    // fan-out over thousands of them, say) never reach this controller. One not labelled yet
+    // is read afresh when a step needs it (`observe::needs_fresh_target`, `observe::Looks`).
     let deployments = super::watch(
         ctx.scoped_api::<cache::CachedDeployment>(),
-        cfg.clone(),
+        cfg.clone().labels(gate::GOVERNED_LABEL),
         &ctx,
         "rollout-strategy/deployments",
     )
@@ -222,6 +227,7 @@ pub async fn run(ctx: Context, gates: gate::Gates, shutdown: ShutdownSignal) {
         gates: gates.clone(),
         expect: expect::Expectations::default(),
         pace: status::Pace::default(),
+        looks: observe::Looks::default(),
         turns: Turns::new(WRITING_AT_ONCE),
         ready,
         calls: write::Calls {
@@ -404,6 +410,7 @@ async fn sync(obj: &Lenient<RolloutStrategy>, st: &State) -> Result<Action, Erro
         st.expect
             .forget(&expect::Key::Strategy(ns.clone(), name.clone()));
         st.pace.forget(&key(obj));
+        st.looks.forget(&key(obj));
         return Ok(Action::await_change());
     };
     // The phase gauge follows the cache, so a new leader reports every strategy at once.
@@ -512,6 +519,15 @@ fn settled(strategy: &RolloutStrategy, st: &State) -> Option<Action> {
         }
         again = again.min(wait);
     }
+    if observed.deployment.is_none() {
+        // Not in the cache, which shows only Deployments labelled governed: looked for afresh
+        // now and then (`observe::Looks`).
+        let wait = st.looks.wait(&key(strategy));
+        if wait.is_zero() {
+            return None;
+        }
+        again = again.min(wait);
+    }
     Some(Action::requeue(again))
 }
 
@@ -594,10 +610,17 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
         tracing::debug!(strategy = %name, namespace = %ns, "the caches have not caught up with our own writes yet");
         return Ok(Action::requeue(NOT_YET));
     }
+    // Whether the target is still missing after a look afresh: then it is looked for again.
+    let mut missing = false;
     if observe::needs_fresh_target(&old, &observed) {
+        let uncached = observed.deployment.is_none();
         observed.deployment = observe::read_target(client, ns, &target)
             .await
             .map_err(Error::Observe)?;
+        if uncached {
+            missing = observed.deployment.is_none();
+            st.looks.looked(&format!("{ns}/{name}"), !missing);
+        }
     }
     let unseen = observe::unseen_jobs(&old, &observed);
     if !unseen.is_empty()
@@ -644,9 +667,12 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
                         .deleted(expect::Key::Job(ns.to_string(), job.clone()));
                     tracing::info!(strategy = %name, namespace = %ns, job, "pruned a finished hook Job");
                 }
-                return Ok(Action::requeue(
-                    decision.requeue.unwrap_or(RESYNC).min(RESYNC),
-                ));
+                let again = decision.requeue.unwrap_or(RESYNC).min(RESYNC);
+                return Ok(Action::requeue(if missing {
+                    again.min(st.looks.wait(&format!("{ns}/{name}")))
+                } else {
+                    again
+                }));
             }
             let mut refused = None;
             let act = write::Act {

@@ -8,13 +8,16 @@
 //! recorded; [`any_job_exists`] is one more, made only when status names a Job of ours that the
 //! cache does not show (yet).
 //!
-//! The caches hold every Deployment and ReplicaSet of the watched namespaces, most of them
-//! governed by nothing, so they keep little of each (see [`super::cache`]): no ReplicaSet keeps
-//! its template, and a Deployment keeps its spec only while it is labelled governed. What a
-//! decision reads that the cache does not keep is read afresh ([`needs_fresh_target`],
-//! [`read_target`]: a GET of the Deployment and a LIST of its ReplicaSets): before ballast has
-//! labelled the Deployment, and while it adopts one (the only time a ReplicaSet's template is
-//! read).
+//! The Deployment cache holds only the Deployments labelled governed
+//! ([`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL): the revision gate labels one in the write
+//! that creates it, ballast when it adopts one), so the writes to the many Deployments no
+//! strategy governs never reach this controller. The ReplicaSet cache holds every ReplicaSet
+//! that a Deployment controls, and keeps little of each (see [`super::cache`]): no template.
+//! What a decision reads that the caches do not keep is read afresh ([`needs_fresh_target`],
+//! [`read_target`]: a GET of the Deployment and a LIST of its ReplicaSets): a target the cache
+//! does not show (not labelled yet, or not there), and one being adopted (the only time a
+//! ReplicaSet's template is read). A target that stays missing is looked for again now and
+//! then ([`Looks`]), since nothing would tell the controller of one created without the label.
 
 use super::cache::CachedDeployment;
 use super::hooks::{
@@ -32,7 +35,9 @@ use kube::{
     api::{ListParams, LogParams, ObjectMeta},
     runtime::reflector::{ObjectRef, Store},
 };
-use std::{sync::Arc, time::Duration};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Lines of a failed hook's log kept in status.
 pub const LOG_TAIL_LINES: i64 = 20;
@@ -547,15 +552,63 @@ pub fn trim(meta: &mut ObjectMeta) {
     }
 }
 
-/// Whether the decision about `observed`'s Deployment needs it read afresh: the cache keeps
-/// no spec of a Deployment not labelled governed ([`CachedDeployment::trim`]), nor the template
-/// of any ReplicaSet, which adoption (no revision recorded in `status` yet) reads.
+/// Whether the decision about `observed`'s Deployment needs it read afresh: the cache shows no
+/// Deployment not labelled governed (its absence there does not mean it does not exist), nor
+/// the template of any ReplicaSet, which adoption (no revision recorded in `status` yet) reads.
 pub fn needs_fresh_target(status: &RolloutStrategyStatus, observed: &Observed) -> bool {
     let adopting = status.stable_revision.is_none() && status.current_revision.is_none();
     observed
         .deployment
         .as_ref()
-        .is_some_and(|d| adopting || !d.governed_label)
+        .is_none_or(|d| adopting || !d.governed_label)
+}
+
+/// The first wait before a target that was not found is looked for again ([`Looks`]).
+pub const FIRST_LOOK: Duration = Duration::from_secs(10);
+/// The longest wait between two looks for a target that stays missing.
+pub const LAST_LOOK: Duration = Duration::from_secs(300);
+
+/// When each strategy whose Deployment the cache does not show last looked for it afresh, and
+/// when it looks again. The cache shows only Deployments labelled governed, and a Deployment
+/// can exist without the label where nothing would wake its strategy: created while the
+/// manager holds Deployments paused at rest (no revision gate labels it), or in the moment
+/// before the API server's gate saw a strategy created just before it. Such a strategy looks
+/// [`FIRST_LOOK`] after a look that did not find it, then twice as long each time, up to
+/// [`LAST_LOOK`]: a GET now and then for a strategy whose Deployment does not exist, none for
+/// one whose Deployment the cache shows.
+#[derive(Debug, Default)]
+pub struct Looks {
+    /// Per strategy (`namespace/name`): when it looked, and how long it waits for the next look.
+    last: Mutex<HashMap<String, (Instant, Duration)>>,
+}
+
+impl Looks {
+    /// Records that strategy `key` read its target afresh now, and whether it was `found`.
+    pub fn looked(&self, key: &str, found: bool) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if found {
+            last.remove(key);
+            return;
+        }
+        let wait = last
+            .get(key)
+            .map_or(FIRST_LOOK, |(_, w)| (*w * 2).min(LAST_LOOK));
+        last.insert(key.to_string(), (Instant::now(), wait));
+    }
+
+    /// How long until strategy `key`, whose target the cache does not show, looks for it again:
+    /// zero when it may look now (it never looked, or found it last time).
+    pub fn wait(&self, key: &str) -> Duration {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.get(key)
+            .map_or(Duration::ZERO, |(at, w)| w.saturating_sub(at.elapsed()))
+    }
+
+    /// Forgets strategy `key` (deleted).
+    pub fn forget(&self, key: &str) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.remove(key);
+    }
 }
 
 /// Reads Deployment `target` of `ns` afresh, with its ReplicaSets (one GET, and one LIST by its
@@ -773,7 +826,38 @@ mod tests {
             &RolloutStrategyStatus::default(),
             &seen(&governed)
         ));
-        assert!(!needs_fresh_target(&adopted, &Observed::default()));
+        // Not in the cache: not labelled governed yet, or not there; only a GET tells.
+        assert!(needs_fresh_target(&adopted, &Observed::default()));
+    }
+
+    #[test]
+    fn a_missing_target_is_looked_for_less_and_less_often_and_at_once_once_found() {
+        let looks = Looks::default();
+        assert_eq!(looks.wait("shop/web"), Duration::ZERO, "never looked: now");
+        looks.looked("shop/web", false);
+        let w = looks.wait("shop/web");
+        assert!(
+            w > FIRST_LOOK - Duration::from_secs(1) && w <= FIRST_LOOK,
+            "{w:?}"
+        );
+        looks.looked("shop/web", false);
+        assert!(looks.wait("shop/web") > FIRST_LOOK, "twice as long");
+        for _ in 0..10 {
+            looks.looked("shop/web", false);
+        }
+        assert!(
+            looks.wait("shop/web") <= LAST_LOOK,
+            "never longer than LAST_LOOK"
+        );
+        assert!(looks.wait("shop/web") > LAST_LOOK - Duration::from_secs(1));
+        assert_eq!(looks.wait("shop/api"), Duration::ZERO, "per strategy");
+        // Found: should the cache lose it again, the next look is at once, and starts over.
+        looks.looked("shop/web", true);
+        assert_eq!(looks.wait("shop/web"), Duration::ZERO);
+        looks.looked("shop/web", false);
+        assert!(looks.wait("shop/web") <= FIRST_LOOK);
+        looks.forget("shop/web");
+        assert_eq!(looks.wait("shop/web"), Duration::ZERO);
     }
 
     #[test]
