@@ -9,8 +9,7 @@
 //!   delivers it. The watch selects the Deployments labelled
 //!   [`GOVERNED_LABEL`](super::gate::GOVERNED_LABEL); the others, most of a cluster's, are not
 //!   in this cache at all (a decision about one not labelled yet reads it afresh: see
-//!   [`needs_fresh_target`](super::observe::needs_fresh_target)). Should the watch ever deliver
-//!   one without the label, only its metadata is decoded and kept.
+//!   [`needs_fresh_target`](super::observe::needs_fresh_target)).
 //!
 //! Both are read-only views: ballast never writes them back.
 
@@ -29,27 +28,23 @@ use std::sync::Arc;
 
 /// A Deployment as the cache keeps it. Decoded in part ([`Deserialize`] below): of its metadata
 /// all but the managedFields entries that do not own `spec.paused` and the last-applied
-/// annotation, and its spec and status only when it is labelled governed.
+/// annotation.
 #[derive(Clone, Debug)]
 pub struct CachedDeployment {
     pub metadata: ObjectMeta,
-    /// As read; [`CachedDeployment::trim`] moves it into `view` (labelled governed) or drops it.
+    /// As read; [`CachedDeployment::trim`] moves it into `view`.
     pub spec: Option<Box<DeploymentSpec>>,
-    /// As read; moved into `view` or dropped with `spec`.
+    /// As read; moved into `view` with `spec`.
     pub status: Option<Box<DeploymentStatus>>,
-    /// The view decisions read, made once per version the watch delivers, while the Deployment
-    /// is labelled governed: each reconcile of its strategy (one per event of the Deployment,
-    /// its ReplicaSets, its hooks) would else copy the template twice, turn it into JSON and
-    /// hash it.
+    /// The view decisions read, made once per version the watch delivers: each reconcile of
+    /// its strategy (one per event of the Deployment, its ReplicaSets, its hooks) would else
+    /// copy the template twice, turn it into JSON and hash it.
     pub view: Option<Arc<DeploymentView>>,
 }
 
 /// What [`CachedDeployment::trim`] drops is not decoded at all: the managedFields entries but
-/// those owning `spec.paused` (reduced to that field as they are read), the last-applied
-/// annotation, and the spec and status of a Deployment not labelled governed (which the watch's
-/// label selector keeps out; a guard). The API server
-/// sends `metadata` before `spec` and `status`; were it ever sent after them, they would be
-/// decoded and then dropped by `trim`, as before.
+/// those owning `spec.paused` (reduced to that field as they are read) and the last-applied
+/// annotation.
 impl<'de> Deserialize<'de> for CachedDeployment {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Parts;
@@ -60,14 +55,13 @@ impl<'de> Deserialize<'de> for CachedDeployment {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let (mut metadata, mut spec, mut status) = (None::<ObjectMeta>, None, None);
-                let wanted = |m: &Option<ObjectMeta>| m.as_ref().is_none_or(labelled_governed);
                 while let Some(field) = map.next_key::<Field>()? {
                     match field {
                         Field::Metadata => {
                             metadata = Some(map.next_value::<ReceivedMeta>()?.into());
                         }
-                        Field::Spec if wanted(&metadata) => spec = map.next_value()?,
-                        Field::Status if wanted(&metadata) => status = map.next_value()?,
+                        Field::Spec => spec = map.next_value()?,
+                        Field::Status => status = map.next_value()?,
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -93,12 +87,6 @@ enum Field {
     Status,
     #[serde(other)]
     Other,
-}
-
-fn labelled_governed(m: &ObjectMeta) -> bool {
-    m.labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(super::gate::GOVERNED_LABEL))
 }
 
 /// A Deployment's metadata as [`CachedDeployment`] decodes it: every field of `ObjectMeta`, but
@@ -206,45 +194,19 @@ impl From<ReceivedMeta> for ObjectMeta {
 impl CachedDeployment {
     /// Applied by the watch before the cache: managedFields cut to who set `spec.paused`
     /// ([`keep_paused_owners`](super::observe::keep_paused_owners)); the spec and status made
-    /// into the view if the Deployment is labelled governed, else dropped, with every label and
-    /// annotation but the RolloutStrategy controller's.
+    /// into the view.
     pub fn trim(&mut self) {
         super::observe::keep_paused_owners(&mut self.metadata);
-        if self
-            .metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(super::gate::GOVERNED_LABEL))
-        {
-            let d = Deployment {
-                metadata: self.metadata.clone(),
-                spec: self.spec.take().map(|s| *s),
-                status: self.status.take().map(|s| *s),
-            };
-            self.view = Some(Arc::new(DeploymentView::of(d, Vec::new())));
-            return;
-        }
-        self.spec = None;
-        self.status = None;
-        self.view = None;
-        // What is read of a Deployment not labelled governed: ballast's own labels (the phase,
-        // the governed label to come) and the annotations naming its strategy. The
-        // SpreadPolicy controller's annotations are its own business, and with a policy over
-        // thousands of Deployments, one map node each is megabytes.
-        let ours =
-            |k: &String| k.starts_with("ballast.dev/") && !k.starts_with("ballast.dev/spread-");
-        for map in [&mut self.metadata.labels, &mut self.metadata.annotations] {
-            if let Some(m) = map.as_mut() {
-                m.retain(|k, _| ours(k));
-            }
-            if map.as_ref().is_some_and(|m| m.is_empty()) {
-                *map = None;
-            }
-        }
+        let d = Deployment {
+            metadata: self.metadata.clone(),
+            spec: self.spec.take().map(|s| *s),
+            status: self.status.take().map(|s| *s),
+        };
+        self.view = Some(Arc::new(DeploymentView::of(d, Vec::new())));
     }
 
-    /// The Deployment, with as much as the cache keeps: once trimmed, its metadata (the spec and
-    /// status of one labelled governed are in its view).
+    /// The Deployment, with as much as the cache keeps: once trimmed, its metadata (its spec and
+    /// status are in its view).
     pub fn to_deployment(&self) -> Deployment {
         Deployment {
             metadata: self.metadata.clone(),
@@ -363,18 +325,15 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_a_deployments_spec_only_while_it_is_labelled_governed() {
+    fn the_cache_keeps_a_deployments_view_and_who_paused_it() {
         let mut governed: CachedDeployment = serde_json::from_value(deployment(
             json!({super::super::gate::GOVERNED_LABEL: "true"}),
         ))
         .unwrap();
-        let mut other: CachedDeployment =
-            serde_json::from_value(deployment(json!({"app": "web"}))).unwrap();
         governed.trim();
-        other.trim();
         let full: Deployment = serde_json::from_value(deployment(json!({}))).unwrap();
-        // Of the governed one, the spec and status as its view (made once, as it is cached: the
-        // view a fresh read makes), and not again beside it.
+        // The spec and status as its view (made once, as it is cached: the view a fresh read
+        // makes), and not again beside it.
         let mut trimmed = full.clone();
         trimmed.metadata = governed.metadata.clone();
         assert_eq!(
@@ -389,15 +348,6 @@ mod tests {
             owners[0].fields_v1.as_ref().unwrap().0,
             json!({"f:spec": {"f:paused": {}}})
         );
-        // Of the other, neither (a decision about it reads it afresh).
-        assert!(other.spec.is_none() && other.status.is_none() && other.view.is_none());
-        // Of one not governed: ballast's labels and this controller's annotations only.
-        let annotations = other.metadata.annotations.as_ref().unwrap();
-        assert_eq!(
-            annotations.keys().collect::<Vec<_>>(),
-            ["ballast.dev/rollout-strategy"]
-        );
-        assert_eq!(other.metadata.labels, None);
         assert_eq!(CachedDeployment::kind(&()), "Deployment");
     }
 
