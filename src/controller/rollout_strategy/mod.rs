@@ -619,7 +619,11 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
             .map_err(Error::Observe)?;
         if uncached {
             missing = observed.deployment.is_none();
-            st.looks.looked(&format!("{ns}/{name}"), !missing);
+            let longest = match st.gates.current().gate {
+                crate::api::Gate::Admission => observe::LAST_LOOK,
+                crate::api::Gate::PauseAtRest => observe::FIRST_LOOK,
+            };
+            st.looks.looked(&format!("{ns}/{name}"), !missing, longest);
         }
     }
     let unseen = observe::unseen_jobs(&old, &observed);

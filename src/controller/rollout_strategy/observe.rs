@@ -565,7 +565,11 @@ pub fn needs_fresh_target(status: &RolloutStrategyStatus, observed: &Observed) -
 
 /// The first wait before a target that was not found is looked for again ([`Looks`]).
 pub const FIRST_LOOK: Duration = Duration::from_secs(10);
-/// The longest wait between two looks for a target that stays missing.
+/// The longest wait between two looks for a target that stays missing, with the revision gate:
+/// it labels a Deployment in the write that creates it, so only one created in the moment before
+/// the API server's gate saw its strategy is missed, and that within [`FIRST_LOOK`] of the
+/// strategy's first look. Held paused at rest, no gate labels a Deployment created after its
+/// strategy, and the looks stay [`FIRST_LOOK`] apart.
 pub const LAST_LOOK: Duration = Duration::from_secs(300);
 
 /// When each strategy whose Deployment the cache does not show last looked for it afresh, and
@@ -573,9 +577,10 @@ pub const LAST_LOOK: Duration = Duration::from_secs(300);
 /// can exist without the label where nothing would wake its strategy: created while the
 /// manager holds Deployments paused at rest (no revision gate labels it), or in the moment
 /// before the API server's gate saw a strategy created just before it. Such a strategy looks
-/// [`FIRST_LOOK`] after a look that did not find it, then twice as long each time, up to
-/// [`LAST_LOOK`]: a GET now and then for a strategy whose Deployment does not exist, none for
-/// one whose Deployment the cache shows.
+/// [`FIRST_LOOK`] after a look that did not find it, then twice as long each time, up to the
+/// longest wait given ([`LAST_LOOK`] with the gate, [`FIRST_LOOK`] paused at rest): a GET now
+/// and then for a strategy whose Deployment does not exist, none for one whose Deployment the
+/// cache shows.
 #[derive(Debug, Default)]
 pub struct Looks {
     /// Per strategy (`namespace/name`): when it looked, and how long it waits for the next look.
@@ -583,8 +588,10 @@ pub struct Looks {
 }
 
 impl Looks {
-    /// Records that strategy `key` read its target afresh now, and whether it was `found`.
-    pub fn looked(&self, key: &str, found: bool) {
+    /// Records that strategy `key` read its target afresh now, and whether it was `found`; if
+    /// not, it looks again in twice the last wait ([`FIRST_LOOK`] the first time), at most
+    /// `longest`.
+    pub fn looked(&self, key: &str, found: bool, longest: Duration) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if found {
             last.remove(key);
@@ -592,7 +599,8 @@ impl Looks {
         }
         let wait = last
             .get(key)
-            .map_or(FIRST_LOOK, |(_, w)| (*w * 2).min(LAST_LOOK));
+            .map_or(FIRST_LOOK, |(_, w)| (*w * 2).min(longest))
+            .min(longest);
         last.insert(key.to_string(), (Instant::now(), wait));
     }
 
@@ -834,16 +842,16 @@ mod tests {
     fn a_missing_target_is_looked_for_less_and_less_often_and_at_once_once_found() {
         let looks = Looks::default();
         assert_eq!(looks.wait("shop/web"), Duration::ZERO, "never looked: now");
-        looks.looked("shop/web", false);
+        looks.looked("shop/web", false, LAST_LOOK);
         let w = looks.wait("shop/web");
         assert!(
             w > FIRST_LOOK - Duration::from_secs(1) && w <= FIRST_LOOK,
             "{w:?}"
         );
-        looks.looked("shop/web", false);
+        looks.looked("shop/web", false, LAST_LOOK);
         assert!(looks.wait("shop/web") > FIRST_LOOK, "twice as long");
         for _ in 0..10 {
-            looks.looked("shop/web", false);
+            looks.looked("shop/web", false, LAST_LOOK);
         }
         assert!(
             looks.wait("shop/web") <= LAST_LOOK,
@@ -852,12 +860,17 @@ mod tests {
         assert!(looks.wait("shop/web") > LAST_LOOK - Duration::from_secs(1));
         assert_eq!(looks.wait("shop/api"), Duration::ZERO, "per strategy");
         // Found: should the cache lose it again, the next look is at once, and starts over.
-        looks.looked("shop/web", true);
+        looks.looked("shop/web", true, LAST_LOOK);
         assert_eq!(looks.wait("shop/web"), Duration::ZERO);
-        looks.looked("shop/web", false);
+        looks.looked("shop/web", false, LAST_LOOK);
         assert!(looks.wait("shop/web") <= FIRST_LOOK);
         looks.forget("shop/web");
         assert_eq!(looks.wait("shop/web"), Duration::ZERO);
+        // Paused at rest, no gate labels a new Deployment: the looks stay FIRST_LOOK apart.
+        for _ in 0..5 {
+            looks.looked("shop/late", false, FIRST_LOOK);
+        }
+        assert!(looks.wait("shop/late") <= FIRST_LOOK);
     }
 
     #[test]
