@@ -12,7 +12,9 @@ use std::fmt::Debug;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The object changed since it was read (a failed `test`, 422, or a
-    /// conflict, 409): the newer version is already on its way through the watch.
+    /// conflict, 409), or is gone (404: a second reconcile of an object whose
+    /// deletion the first one finished): the newer version, or the deletion, is
+    /// already on its way through the watch.
     #[error("the object changed since it was read")]
     Stale,
     #[error("updating finalizers: {0}")]
@@ -38,7 +40,7 @@ where
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Err(Error::Stale),
+        Err(kube::Error::Api(s)) if [404, 409, 422].contains(&s.code) => Err(Error::Stale),
         Err(e) => Err(Error::Api(e)),
     }
 }
