@@ -200,8 +200,6 @@ fn row(what: &str, (bytes, allocs): (f64, f64)) -> f64 {
     with_overhead
 }
 
-/// The Deployment fixture as a SpreadPolicy leaves it: one preferred anti-affinity term over
-/// its own pods, the record of that term in the template, and the policy's annotation.
 /// `fixture` labelled `ballast.dev/governed`, as the RolloutStrategy controller's watch selects.
 fn labelled_governed(fixture: &str) -> String {
     let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
@@ -209,6 +207,8 @@ fn labelled_governed(fixture: &str) -> String {
     v.to_string()
 }
 
+/// The Deployment fixture as a SpreadPolicy leaves it: one preferred anti-affinity term over
+/// its own pods, the record of that term in the template, and the policy's annotation.
 fn governed(fixture: &str) -> String {
     let mut v: serde_json::Value = serde_json::from_str(fixture).expect("fixture");
     let selector = v["spec"]["selector"].clone();

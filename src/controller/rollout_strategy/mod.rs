@@ -610,6 +610,8 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
         tracing::debug!(strategy = %name, namespace = %ns, "the caches have not caught up with our own writes yet");
         return Ok(Action::requeue(NOT_YET));
     }
+    // `namespace/name`, as `Pace` and `Looks` key it.
+    let strategy_key = format!("{ns}/{name}");
     // Whether the target is still missing after a look afresh: then it is looked for again.
     let mut missing = false;
     if observe::needs_fresh_target(&old, &observed) {
@@ -619,11 +621,8 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
             .map_err(Error::Observe)?;
         if uncached {
             missing = observed.deployment.is_none();
-            let longest = match st.gates.current().gate {
-                crate::api::Gate::Admission => observe::LAST_LOOK,
-                crate::api::Gate::PauseAtRest => observe::FIRST_LOOK,
-            };
-            st.looks.looked(&format!("{ns}/{name}"), !missing, longest);
+            let longest = observe::Looks::longest(st.gates.current().gate);
+            st.looks.looked(&strategy_key, !missing, longest);
         }
     }
     let unseen = observe::unseen_jobs(&old, &observed);
@@ -673,7 +672,7 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
                 }
                 let again = decision.requeue.unwrap_or(RESYNC).min(RESYNC);
                 return Ok(Action::requeue(if missing {
-                    again.min(st.looks.wait(&format!("{ns}/{name}")))
+                    again.min(st.looks.wait(&strategy_key))
                 } else {
                     again
                 }));
@@ -723,7 +722,7 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
             } else {
                 let written = status::write(&api, name, rv.as_deref(), &decision.status).await?;
                 st.expect.wrote(own.clone(), written.as_deref());
-                st.pace.wrote(&format!("{ns}/{name}"));
+                st.pace.wrote(&strategy_key);
                 forget_recorded_calls(&st.calls.caller, &old, &decision.status);
                 written
             };

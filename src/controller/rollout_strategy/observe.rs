@@ -588,6 +588,14 @@ pub struct Looks {
 }
 
 impl Looks {
+    /// The longest wait between two looks with `gate` in force ([`LAST_LOOK`], [`FIRST_LOOK`]).
+    pub fn longest(gate: crate::api::Gate) -> Duration {
+        match gate {
+            crate::api::Gate::Admission => LAST_LOOK,
+            crate::api::Gate::PauseAtRest => FIRST_LOOK,
+        }
+    }
+
     /// Records that strategy `key` read its target afresh now, and whether it was `found`; if
     /// not, it looks again in twice the last wait ([`FIRST_LOOK`] the first time), at most
     /// `longest`.
@@ -599,7 +607,7 @@ impl Looks {
         }
         let wait = last
             .get(key)
-            .map_or(FIRST_LOOK, |(_, w)| (*w * 2).min(longest))
+            .map_or(FIRST_LOOK, |(_, w)| *w * 2)
             .min(longest);
         last.insert(key.to_string(), (Instant::now(), wait));
     }
