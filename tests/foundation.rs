@@ -941,13 +941,7 @@ spec:
     let (_, metrics) = env.op.http_get("/metrics").await.expect("/metrics answers");
     // What each watch received is counted: every watch above saw objects come (listed or
     // applied), and the deletions of the policy and of the pruned Job went through theirs.
-    let received = |watch: &str, event: &str| -> f64 {
-        let series = format!("ballast_watch_events_total{{watch=\"{watch}\",event=\"{event}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .map_or(0.0, |v| v.parse().expect("a number"))
-    };
+    let received = |watch: &str, event: &str| support::watch_events(&metrics, watch, Some(event));
     for watch in [
         "spread-policy/deployments",
         "spread-policy/statefulsets",

@@ -1274,14 +1274,7 @@ async fn writes_to_a_deployment_no_strategy_governs_never_reach_the_controller()
     )
     .await;
     env.apply(&deployment_yaml("other", "other:1", 0, false, ROLLING));
-    let received = |metrics: &str, watch: &str| -> f64 {
-        let prefix = format!("ballast_watch_events_total{{watch=\"{watch}\",");
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(&prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let received = |metrics: &str, watch: &str| support::watch_events(metrics, watch, None);
     let metrics = || async { env.op.http_get("/metrics").await.expect("/metrics").1 };
     // `other` is created, and `web`'s adoption has come back through the watches.
     let spread = "spread-policy/deployments";

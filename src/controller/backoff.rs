@@ -1,55 +1,110 @@
-//! Per-object error backoff, shared by both controllers: the delay before the next try doubles
-//! with each consecutive failure of one object (1 s, 2 s, 4 s … capped at 5 minutes) and starts
-//! over after a success, so one object that keeps failing neither spins nor slows the others.
+//! Keyed exponential backoff, shared by both controllers: per object key, the wait before the
+//! next try doubles with each consecutive failure (from a first wait, capped at a longest one)
+//! and starts over after a success, so one object that keeps failing neither spins nor slows the
+//! others. It also remembers when each key last failed, so a caller can ask how long is left of
+//! its wait ([`Backoff::remaining`]) without a timer of its own.
+//!
+//! Two uses: the error policy of both controllers (1 s doubling to 5 minutes, [`BASE`] and
+//! [`MAX`]), and the RolloutStrategy controller's looks for a target its cache does not show
+//! (`rollout_strategy::observe::looks`).
 //!
 //! kube-runtime's `Controller` leaves the retry delay to the error policy and keeps no per-object
 //! failure count; `backon` has the arithmetic but not the keyed memory that resets on success,
 //! which is the part that matters here, so this small map stays ours.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
-/// First delay after a failure.
+/// First delay after a reconcile error.
 pub const BASE: Duration = Duration::from_secs(1);
-/// Longest delay.
+/// Longest delay after reconcile errors.
 pub const MAX: Duration = Duration::from_secs(300);
 
-/// The delay after the `failures`th consecutive failure (from 1).
-pub fn delay(failures: u32) -> Duration {
+/// The delay after the `failures`th consecutive failure (from 1), from `first` doubling up to
+/// `longest`.
+pub fn delay(first: Duration, longest: Duration, failures: u32) -> Duration {
     let exp = failures.saturating_sub(1).min(16);
-    BASE.saturating_mul(1u32 << exp).min(MAX)
+    first.saturating_mul(1u32 << exp).min(longest)
 }
 
-/// Consecutive failures per object key (`namespace/name`).
-#[derive(Debug, Default)]
+/// Per object key (`namespace/name`): consecutive failures, and when the last one was.
+#[derive(Debug)]
 pub struct Backoff {
-    failures: Mutex<HashMap<String, u32>>,
+    first: Duration,
+    longest: Duration,
+    tries: Mutex<HashMap<String, Failed>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failed {
+    count: u32,
+    at: Instant,
+    wait: Duration,
+}
+
+impl Default for Backoff {
+    /// The error policy's: [`BASE`] doubling to [`MAX`].
+    fn default() -> Self {
+        Self::new(BASE, MAX)
+    }
 }
 
 impl Backoff {
-    /// Records a failure of `key`; returns how long to wait before trying it again.
-    pub fn failed(&self, key: &str) -> Duration {
-        let mut m = self.failures.lock().expect("backoff map poisoned");
-        let n = m.entry(key.to_string()).or_default();
-        *n = n.saturating_add(1);
-        delay(*n)
+    /// Waits of `first` after a first failure, doubling up to `longest`.
+    pub fn new(first: Duration, longest: Duration) -> Self {
+        Self {
+            first,
+            longest,
+            tries: Mutex::default(),
+        }
     }
 
-    /// Records a success of `key`: its next failure waits [`BASE`] again.
+    fn tries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failed>> {
+        // A panic while holding the lock leaves a consistent map: each method makes one change.
+        self.tries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a failure of `key` now; returns how long to wait before trying it again.
+    pub fn failed(&self, key: &str) -> Duration {
+        self.failed_within(key, self.longest)
+    }
+
+    /// As [`Backoff::failed`], with a longest wait of `longest` for this failure (a cap that
+    /// depends on the moment, such as the gate in force).
+    pub fn failed_within(&self, key: &str, longest: Duration) -> Duration {
+        let mut tries = self.tries();
+        let count = tries.get(key).map_or(0, |f| f.count).saturating_add(1);
+        let wait = delay(self.first, longest.min(self.longest), count);
+        tries.insert(
+            key.to_string(),
+            Failed {
+                count,
+                at: Instant::now(),
+                wait,
+            },
+        );
+        wait
+    }
+
+    /// Records a success of `key` (or forgets it): its next failure waits the first wait again.
     pub fn succeeded(&self, key: &str) {
-        self.failures
-            .lock()
-            .expect("backoff map poisoned")
-            .remove(key);
+        self.tries().remove(key);
     }
 
     /// Consecutive failures of `key` so far.
     pub fn failures(&self, key: &str) -> u32 {
-        self.failures
-            .lock()
-            .expect("backoff map poisoned")
+        self.tries().get(key).map_or(0, |f| f.count)
+    }
+
+    /// How long is left of the wait after `key`'s last failure: zero when it may be tried now
+    /// (it never failed, succeeded since, or its wait is over).
+    pub fn remaining(&self, key: &str) -> Duration {
+        self.tries()
             .get(key)
-            .copied()
-            .unwrap_or(0)
+            .map_or(Duration::ZERO, |f| f.wait.saturating_sub(f.at.elapsed()))
     }
 }
 
@@ -59,9 +114,12 @@ mod tests {
 
     #[test]
     fn delays_double_and_are_capped() {
-        let d: Vec<u64> = (1..=11).map(|n| delay(n).as_secs()).collect();
+        let d: Vec<u64> = (1..=11).map(|n| delay(BASE, MAX, n).as_secs()).collect();
         assert_eq!(d, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
-        assert_eq!(delay(u32::MAX), MAX);
+        assert_eq!(delay(BASE, MAX, u32::MAX), MAX);
+        let s = Duration::from_secs;
+        let d: Vec<u64> = (1..=4).map(|n| delay(s(10), s(60), n).as_secs()).collect();
+        assert_eq!(d, [10, 20, 40, 60]);
     }
 
     #[test]
@@ -74,5 +132,41 @@ mod tests {
         assert_eq!(b.failures("a/x"), 0);
         assert_eq!(b.failed("a/x"), Duration::from_secs(1));
         assert_eq!(b.failures("a/y"), 1);
+    }
+
+    #[test]
+    fn what_remains_of_a_wait_counts_down_from_the_last_failure() {
+        let b = Backoff::new(Duration::from_secs(10), Duration::from_secs(300));
+        assert_eq!(b.remaining("a/x"), Duration::ZERO, "never failed: now");
+        b.failed("a/x");
+        let left = b.remaining("a/x");
+        assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(10));
+        b.failed("a/x");
+        assert!(
+            b.remaining("a/x") > Duration::from_secs(10),
+            "twice as long"
+        );
+        b.succeeded("a/x");
+        assert_eq!(b.remaining("a/x"), Duration::ZERO, "succeeded: now");
+    }
+
+    #[test]
+    fn a_cap_given_with_a_failure_bounds_that_wait_only() {
+        let s = Duration::from_secs;
+        let b = Backoff::new(s(10), s(300));
+        for _ in 0..6 {
+            b.failed_within("a/x", s(10));
+        }
+        assert!(b.remaining("a/x") <= s(10), "held at the cap given");
+        assert_eq!(
+            b.failed("a/x"),
+            s(300),
+            "the count kept doubling beneath it"
+        );
+        assert_eq!(
+            b.failed_within("a/x", s(900)),
+            s(300),
+            "never past the backoff's own"
+        );
     }
 }

@@ -652,6 +652,27 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// `ballast_watch_events_total` of a /metrics page for `watch` (`controller/resource`): the
+/// objects it received as `event` (`list`, `apply`, `delete`), or of every event when `None`.
+pub fn watch_events(metrics: &str, watch: &str, event: Option<&str>) -> f64 {
+    let prefix = match event {
+        Some(event) => {
+            format!("ballast_watch_events_total{{watch=\"{watch}\",event=\"{event}\"}} ")
+        }
+        None => format!("ballast_watch_events_total{{watch=\"{watch}\","),
+    };
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("a number at the end of {l}"))
+        })
+        .sum()
+}
+
 /// `ballast_api_requests_total` of a /metrics page, one `((verb, group, resource, code), count)`
 /// per sample.
 pub fn api_requests(metrics: &str) -> Vec<((String, String, String, String), u64)> {

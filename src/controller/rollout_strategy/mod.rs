@@ -621,8 +621,8 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
             .map_err(Error::Observe)?;
         if uncached {
             missing = observed.deployment.is_none();
-            let longest = observe::Looks::longest(st.gates.current().gate);
-            st.looks.looked(&strategy_key, !missing, longest);
+            st.looks
+                .looked(&strategy_key, !missing, st.gates.current().gate);
         }
     }
     let unseen = observe::unseen_jobs(&old, &observed);

@@ -35,9 +35,8 @@ use kube::{
     api::{ListParams, LogParams, ObjectMeta},
     runtime::reflector::{ObjectRef, Store},
 };
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Lines of a failed hook's log kept in status.
 pub const LOG_TAIL_LINES: i64 = 20;
@@ -572,19 +571,24 @@ pub const FIRST_LOOK: Duration = Duration::from_secs(10);
 /// strategy, and the looks stay [`FIRST_LOOK`] apart.
 pub const LAST_LOOK: Duration = Duration::from_secs(300);
 
-/// When each strategy whose Deployment the cache does not show last looked for it afresh, and
-/// when it looks again. The cache shows only Deployments labelled governed, and a Deployment
-/// can exist without the label where nothing would wake its strategy: created while the
-/// manager holds Deployments paused at rest (no revision gate labels it), or in the moment
-/// before the API server's gate saw a strategy created just before it. Such a strategy looks
-/// [`FIRST_LOOK`] after a look that did not find it, then twice as long each time, up to the
-/// longest wait given ([`LAST_LOOK`] with the gate, [`FIRST_LOOK`] paused at rest): a GET now
-/// and then for a strategy whose Deployment does not exist, none for one whose Deployment the
-/// cache shows.
-#[derive(Debug, Default)]
-pub struct Looks {
-    /// Per strategy (`namespace/name`): when it looked, and how long it waits for the next look.
-    last: Mutex<HashMap<String, (Instant, Duration)>>,
+/// When each strategy whose Deployment the cache does not show looks for it afresh again. The
+/// cache shows only Deployments labelled governed, and a Deployment can exist without the label
+/// where nothing would wake its strategy: created while the manager holds Deployments paused at
+/// rest (no revision gate labels it), or in the moment before the API server's gate saw a
+/// strategy created just before it. Such a strategy looks [`FIRST_LOOK`] after a look that did
+/// not find it, then twice as long each time, up to [`LAST_LOOK`] with the gate and
+/// [`FIRST_LOOK`] paused at rest: a GET now and then for a strategy whose Deployment does not
+/// exist, none for one whose Deployment the cache shows. A look that did not find the target is
+/// a failure of the controller's keyed backoff ([`Backoff`](crate::controller::backoff::Backoff)).
+#[derive(Debug)]
+pub struct Looks(crate::controller::backoff::Backoff);
+
+impl Default for Looks {
+    fn default() -> Self {
+        Self(crate::controller::backoff::Backoff::new(
+            FIRST_LOOK, LAST_LOOK,
+        ))
+    }
 }
 
 impl Looks {
@@ -596,34 +600,25 @@ impl Looks {
         }
     }
 
-    /// Records that strategy `key` read its target afresh now, and whether it was `found`; if
-    /// not, it looks again in twice the last wait ([`FIRST_LOOK`] the first time), at most
-    /// `longest`.
-    pub fn looked(&self, key: &str, found: bool, longest: Duration) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+    /// Records that strategy `key` read its target afresh now with `gate` in force, and whether
+    /// it was `found`.
+    pub fn looked(&self, key: &str, found: bool, gate: crate::api::Gate) {
         if found {
-            last.remove(key);
-            return;
+            self.0.succeeded(key);
+        } else {
+            self.0.failed_within(key, Self::longest(gate));
         }
-        let wait = last
-            .get(key)
-            .map_or(FIRST_LOOK, |(_, w)| *w * 2)
-            .min(longest);
-        last.insert(key.to_string(), (Instant::now(), wait));
     }
 
     /// How long until strategy `key`, whose target the cache does not show, looks for it again:
     /// zero when it may look now (it never looked, or found it last time).
     pub fn wait(&self, key: &str) -> Duration {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.get(key)
-            .map_or(Duration::ZERO, |(at, w)| w.saturating_sub(at.elapsed()))
+        self.0.remaining(key)
     }
 
     /// Forgets strategy `key` (deleted).
     pub fn forget(&self, key: &str) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.remove(key);
+        self.0.succeeded(key);
     }
 }
 
@@ -848,18 +843,19 @@ mod tests {
 
     #[test]
     fn a_missing_target_is_looked_for_less_and_less_often_and_at_once_once_found() {
+        use crate::api::Gate;
         let looks = Looks::default();
         assert_eq!(looks.wait("shop/web"), Duration::ZERO, "never looked: now");
-        looks.looked("shop/web", false, LAST_LOOK);
+        looks.looked("shop/web", false, Gate::Admission);
         let w = looks.wait("shop/web");
         assert!(
             w > FIRST_LOOK - Duration::from_secs(1) && w <= FIRST_LOOK,
             "{w:?}"
         );
-        looks.looked("shop/web", false, LAST_LOOK);
+        looks.looked("shop/web", false, Gate::Admission);
         assert!(looks.wait("shop/web") > FIRST_LOOK, "twice as long");
         for _ in 0..10 {
-            looks.looked("shop/web", false, LAST_LOOK);
+            looks.looked("shop/web", false, Gate::Admission);
         }
         assert!(
             looks.wait("shop/web") <= LAST_LOOK,
@@ -868,15 +864,15 @@ mod tests {
         assert!(looks.wait("shop/web") > LAST_LOOK - Duration::from_secs(1));
         assert_eq!(looks.wait("shop/api"), Duration::ZERO, "per strategy");
         // Found: should the cache lose it again, the next look is at once, and starts over.
-        looks.looked("shop/web", true, LAST_LOOK);
+        looks.looked("shop/web", true, Gate::Admission);
         assert_eq!(looks.wait("shop/web"), Duration::ZERO);
-        looks.looked("shop/web", false, LAST_LOOK);
+        looks.looked("shop/web", false, Gate::Admission);
         assert!(looks.wait("shop/web") <= FIRST_LOOK);
         looks.forget("shop/web");
         assert_eq!(looks.wait("shop/web"), Duration::ZERO);
         // Paused at rest, no gate labels a new Deployment: the looks stay FIRST_LOOK apart.
         for _ in 0..5 {
-            looks.looked("shop/late", false, FIRST_LOOK);
+            looks.looked("shop/late", false, Gate::PauseAtRest);
         }
         assert!(looks.wait("shop/late") <= FIRST_LOOK);
     }
