@@ -326,13 +326,14 @@ struct SizeResult {
     /// workload.
     parallel_first_secs: f64,
     ballast_first_secs: f64,
-    /// The mean time of one Deployment write, ms, 8 in flight, sent to answered: the stricter
-    /// floor's (timed by the bench) and ballast's (its `ballast_api_request_duration_seconds` of
-    /// Deployment PATCHes from the policy's creation until it was quiet). Slower answers on
-    /// ballast's side mean the API server took longer for the same write; the same answers at a
-    /// slower pace mean ballast left slots empty.
-    parallel_write_ms: f64,
-    ballast_write_ms: f64,
+    /// The mean time of one Deployment write, ms, 8 in flight, from sent to the response
+    /// headers, as ballast's client layer times it (`ballast_api_request_duration_seconds`): the
+    /// stricter floor's (its client is built the same way) and ballast's (from the policy's
+    /// creation until it was quiet). Slower answers on ballast's side mean the API server took
+    /// longer for the same write; the same answers at a slower pace mean ballast left slots
+    /// empty. `None`: no such request was timed.
+    parallel_write_ms: Option<f64>,
+    ballast_write_ms: Option<f64>,
     /// The operator's PATCHes of Deployments (its only way of writing them) from the policy's
     /// creation until it was quiet after convergence.
     ballast_template_writes: u64,
@@ -390,41 +391,32 @@ struct Seen {
 /// The stricter floor: `bodies` applied through `writes` (a client with the manager's
 /// credentials), as many in flight as ballast writes at once, timed until the bench's watch
 /// (through `api`) has seen all of them carry `records` (or the writes returned, if later).
-/// Returns that time, the time until the first carried it, s, and the mean time of one write, ms.
+/// Returns that time and the time until the first carried it, s.
 async fn parallel_floor(
     api: &Api<Deployment>,
     writes: &Api<Deployment>,
     bodies: Vec<(String, Value)>,
     records: &BTreeMap<String, String>,
-) -> Result<(f64, f64, f64)> {
+) -> Result<(f64, f64)> {
     let pp = PatchParams::apply(FLOOR_MANAGER).force();
-    let n = bodies.len().max(1) as f64;
     let mut events = watch_from_now(api).await?;
     let t = Instant::now();
     let writes = async {
         stream::iter(bodies)
             .map(|(name, body)| {
                 let pp = &pp;
-                async move {
-                    let sent = Instant::now();
-                    writes
-                        .patch(&name, pp, &Patch::Apply(body))
-                        .await
-                        .map(|_| sent.elapsed().as_secs_f64())
-                }
+                async move { writes.patch(&name, pp, &Patch::Apply(body)).await.map(drop) }
             })
             .buffer_unordered(WRITE_CONCURRENCY)
-            .try_collect::<Vec<f64>>()
+            .try_collect::<Vec<()>>()
             .await
-            .map(|each| (Instant::now(), each.iter().sum::<f64>() / n * 1000.0))
+            .map(|_| Instant::now())
     };
     let (written, seen) = tokio::join!(writes, converged(&mut events, records, records.len()));
     let seen = seen?;
-    let (written, write_ms) = written?;
     Ok((
-        seen.all.max(written).duration_since(t).as_secs_f64(),
+        seen.all.max(written?).duration_since(t).as_secs_f64(),
         seen.first.duration_since(t).as_secs_f64(),
-        write_ms,
     ))
 }
 
@@ -479,6 +471,7 @@ async fn measure(
     n: usize,
     client: &Client,
     manager: &Client,
+    manager_metrics: &ballast::metrics::Metrics,
     kubectl: &Kubectl,
     operator_kubeconfig: &Path,
     dir: &Path,
@@ -573,8 +566,13 @@ async fn measure(
     tokio::time::sleep(s.quiet).await;
     let parallel_records = records(&parallel_ds, &ns_parallel);
     let others0 = background.others(None);
-    let (parallel_secs, parallel_first_secs, parallel_write_ms) =
+    let seconds0 = RequestSeconds::parse(&manager_metrics.render());
+    let (parallel_secs, parallel_first_secs) =
         parallel_floor(&parallel_api, &parallel_writes, bodies, &parallel_records).await?;
+    let parallel_write_ms = RequestSeconds::parse(&manager_metrics.render())
+        .mean_ms_since(&seconds0)
+        .get("patch apps/deployments")
+        .copied();
     let parallel_others = (background.others(None) - others0) / parallel_secs;
     eprintln!(
         "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight {parallel_secs:.2} s (kube client, {n} server-side applies)"
@@ -620,8 +618,7 @@ async fn measure(
     let ballast_write_ms = RequestSeconds::parse(&text)
         .mean_ms_since(&seconds_before)
         .get("patch apps/deployments")
-        .copied()
-        .unwrap_or_default();
+        .copied();
     let spread_counters = delta(
         &controller_counters(&text, "spread-policy"),
         &counters_before,
@@ -778,12 +775,19 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
         rows.push(Row {
             id: "P1",
             measure: format!(
-                "N={}: the same, mean ms of one Deployment write, sent to answered",
+                "N={}: the same, mean ms of one Deployment write (sent → response headers)",
                 r.n
             ),
-            floor: format!("{:.1}", r.parallel_write_ms),
-            ballast: format!("{:.1}", r.ballast_write_ms),
-            ratio: format!("{:.2}", r.ballast_write_ms / r.parallel_write_ms),
+            floor: r
+                .parallel_write_ms
+                .map_or("-".into(), |ms| format!("{ms:.1}")),
+            ballast: r
+                .ballast_write_ms
+                .map_or("-".into(), |ms| format!("{ms:.1}")),
+            ratio: match (r.parallel_write_ms, r.ballast_write_ms) {
+                (Some(f), Some(b)) if f > 0.0 => format!("{:.2}", b / f),
+                _ => String::new(),
+            },
             goal: String::new(),
             pass: None,
         });
@@ -952,8 +956,10 @@ async fn run(s: &Settings) -> Result<()> {
     let dir = repo_root().join("target/bench-spread");
     let background = Background::of_cluster(&kubectl.kubeconfig);
     let operator_kubeconfig = operator_kubeconfig(&kubectl, &dir)?;
-    // The stricter floor writes as the manager does (`parallel_floor`).
-    let manager = support::client(&operator_kubeconfig).await?;
+    // The stricter floor writes as the manager does (`parallel_floor`), through a client built
+    // and timed as the manager's.
+    let manager_metrics = ballast::metrics::Metrics::default();
+    let manager = support::client_timed(&operator_kubeconfig, &manager_metrics).await?;
     admission_synced(&client).await?;
     let started = jiff::Timestamp::now();
     let mut results = Vec::new();
@@ -966,6 +972,7 @@ async fn run(s: &Settings) -> Result<()> {
                 n,
                 &client,
                 &manager,
+                &manager_metrics,
                 &kubectl,
                 &operator_kubeconfig,
                 &dir,

@@ -98,6 +98,27 @@ impl Kubectl {
 
 /// A client of the cluster of `kubeconfig`, refused unless it dials 127.0.0.1.
 pub async fn client(kubeconfig: &Path) -> Result<Client> {
+    Ok(Client::try_from(loopback_config(kubeconfig).await?)?)
+}
+
+/// [`client`], built as the manager builds its own (`ballast::client::build`), so that its
+/// requests are timed into `metrics` as the manager times its own
+/// (`ballast_api_request_duration_seconds`, sent to response headers): a floor and ballast then
+/// compare on one measure.
+#[allow(dead_code)]
+pub async fn client_timed(
+    kubeconfig: &Path,
+    metrics: &ballast::metrics::Metrics,
+) -> Result<Client> {
+    let config = loopback_config(kubeconfig).await?;
+    Ok(ballast::client::build(
+        config,
+        metrics,
+        ballast::client::REQUEST_TIMEOUT,
+    )?)
+}
+
+async fn loopback_config(kubeconfig: &Path) -> Result<Config> {
     let kc = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
@@ -106,7 +127,7 @@ pub async fn client(kubeconfig: &Path) -> Result<Client> {
         "this bench only ever dials the local control plane on 127.0.0.1, not {}",
         config.cluster_url
     );
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
 
 /// Creates namespace `name`, labelled `ballast.dev/bench: <bench>` so that a leftover is

@@ -1,6 +1,6 @@
 //! Keyed exponential backoff, shared by both controllers: per object key, the wait before the
-//! next try doubles with each consecutive failure (from a first wait, capped at a longest one)
-//! and starts over after a success, so one object that keeps failing neither spins nor slows the
+//! next try is twice the last one after each consecutive failure (from a first wait, capped at a
+//! longest one) and starts over after a success, so one object that keeps failing neither spins nor slows the
 //! others. It also remembers when each key last failed, so a caller can ask how long is left of
 //! its wait ([`Backoff::remaining`]) without a timer of its own.
 //!
@@ -22,13 +22,6 @@ use std::{
 pub const BASE: Duration = Duration::from_secs(1);
 /// Longest delay after reconcile errors.
 pub const MAX: Duration = Duration::from_secs(300);
-
-/// The delay after the `failures`th consecutive failure (from 1), from `first` doubling up to
-/// `longest`.
-pub fn delay(first: Duration, longest: Duration, failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(16);
-    first.saturating_mul(1u32 << exp).min(longest)
-}
 
 /// Per object key (`namespace/name`): consecutive failures, and when the last one was.
 #[derive(Debug)]
@@ -73,11 +66,15 @@ impl Backoff {
     }
 
     /// As [`Backoff::failed`], with a longest wait of `longest` for this failure (a cap that
-    /// depends on the moment, such as the gate in force).
+    /// depends on the moment, such as the gate in force). The next failure doubles the wait
+    /// this one got, so a wait held down by a cap grows again from there once the cap is lifted.
     pub fn failed_within(&self, key: &str, longest: Duration) -> Duration {
         let mut tries = self.tries();
-        let count = tries.get(key).map_or(0, |f| f.count).saturating_add(1);
-        let wait = delay(self.first, longest.min(self.longest), count);
+        let last = tries.get(key).copied();
+        let count = last.map_or(0, |f| f.count).saturating_add(1);
+        let wait = last
+            .map_or(self.first, |f| f.wait.saturating_mul(2).max(self.first))
+            .min(longest.min(self.longest));
         tries.insert(
             key.to_string(),
             Failed {
@@ -102,9 +99,15 @@ impl Backoff {
     /// How long is left of the wait after `key`'s last failure: zero when it may be tried now
     /// (it never failed, succeeded since, or its wait is over).
     pub fn remaining(&self, key: &str) -> Duration {
-        self.tries()
-            .get(key)
-            .map_or(Duration::ZERO, |f| f.wait.saturating_sub(f.at.elapsed()))
+        self.remaining_within(key, self.longest)
+    }
+
+    /// As [`Backoff::remaining`], of a wait cut to at most `longest` (a cap lowered since the
+    /// failure).
+    pub fn remaining_within(&self, key: &str, longest: Duration) -> Duration {
+        self.tries().get(key).map_or(Duration::ZERO, |f| {
+            f.wait.min(longest).saturating_sub(f.at.elapsed())
+        })
     }
 }
 
@@ -114,11 +117,17 @@ mod tests {
 
     #[test]
     fn delays_double_and_are_capped() {
-        let d: Vec<u64> = (1..=11).map(|n| delay(BASE, MAX, n).as_secs()).collect();
+        let b = Backoff::default();
+        let d: Vec<u64> = (1..=11).map(|_| b.failed("a/x").as_secs()).collect();
         assert_eq!(d, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
-        assert_eq!(delay(BASE, MAX, u32::MAX), MAX);
+        for _ in 0..100 {
+            b.failed("a/x");
+        }
+        assert_eq!(b.failed("a/x"), MAX);
+        assert_eq!(b.failures("a/x"), 112);
         let s = Duration::from_secs;
-        let d: Vec<u64> = (1..=4).map(|n| delay(s(10), s(60), n).as_secs()).collect();
+        let b = Backoff::new(s(10), s(60));
+        let d: Vec<u64> = (1..=4).map(|_| b.failed("a/x").as_secs()).collect();
         assert_eq!(d, [10, 20, 40, 60]);
     }
 
@@ -151,22 +160,41 @@ mod tests {
     }
 
     #[test]
-    fn a_cap_given_with_a_failure_bounds_that_wait_only() {
+    fn a_cap_given_with_a_failure_bounds_that_wait_and_the_next_grows_from_it() {
         let s = Duration::from_secs;
         let b = Backoff::new(s(10), s(300));
         for _ in 0..6 {
-            b.failed_within("a/x", s(10));
+            assert_eq!(
+                b.failed_within("a/x", s(10)),
+                s(10),
+                "held at the cap given"
+            );
         }
-        assert!(b.remaining("a/x") <= s(10), "held at the cap given");
         assert_eq!(
             b.failed("a/x"),
-            s(300),
-            "the count kept doubling beneath it"
+            s(20),
+            "twice the last wait once the cap is lifted"
         );
+        assert_eq!(b.failed("a/x"), s(40));
+        for _ in 0..4 {
+            b.failed_within("a/x", s(900));
+        }
         assert_eq!(
             b.failed_within("a/x", s(900)),
             s(300),
             "never past the backoff's own"
         );
+    }
+
+    #[test]
+    fn a_cap_lowered_since_the_failure_shortens_what_remains() {
+        let s = Duration::from_secs;
+        let b = Backoff::new(s(10), s(300));
+        for _ in 0..5 {
+            b.failed("a/x");
+        }
+        assert!(b.remaining("a/x") > s(150), "160 s");
+        let left = b.remaining_within("a/x", s(10));
+        assert!(left > s(9) && left <= s(10), "{left:?}");
     }
 }

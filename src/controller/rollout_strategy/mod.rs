@@ -522,7 +522,7 @@ fn settled(strategy: &RolloutStrategy, st: &State) -> Option<Action> {
     if observed.deployment.is_none() {
         // Not in the cache, which shows only Deployments labelled governed: looked for afresh
         // now and then (`observe::Looks`).
-        let wait = st.looks.wait(&key(strategy));
+        let wait = st.looks.wait(&key(strategy), st.gates.current().gate);
         if wait.is_zero() {
             return None;
         }
@@ -672,7 +672,7 @@ async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Error> {
                 }
                 let again = decision.requeue.unwrap_or(RESYNC).min(RESYNC);
                 return Ok(Action::requeue(if missing {
-                    again.min(st.looks.wait(&strategy_key))
+                    again.min(st.looks.wait(&strategy_key, st.gates.current().gate))
                 } else {
                     again
                 }));

@@ -610,10 +610,12 @@ impl Looks {
         }
     }
 
-    /// How long until strategy `key`, whose target the cache does not show, looks for it again:
-    /// zero when it may look now (it never looked, or found it last time).
-    pub fn wait(&self, key: &str) -> Duration {
-        self.0.remaining(key)
+    /// How long until strategy `key`, whose target the cache does not show, looks for it again
+    /// with `gate` in force: zero when it may look now (it never looked, or found it last time).
+    /// A wait set under the gate is cut to [`FIRST_LOOK`] once the manager holds Deployments
+    /// paused at rest.
+    pub fn wait(&self, key: &str, gate: crate::api::Gate) -> Duration {
+        self.0.remaining_within(key, Self::longest(gate))
     }
 
     /// Forgets strategy `key` (deleted).
@@ -845,36 +847,61 @@ mod tests {
     fn a_missing_target_is_looked_for_less_and_less_often_and_at_once_once_found() {
         use crate::api::Gate;
         let looks = Looks::default();
-        assert_eq!(looks.wait("shop/web"), Duration::ZERO, "never looked: now");
+        assert_eq!(
+            looks.wait("shop/web", Gate::Admission),
+            Duration::ZERO,
+            "never looked: now"
+        );
         looks.looked("shop/web", false, Gate::Admission);
-        let w = looks.wait("shop/web");
+        let w = looks.wait("shop/web", Gate::Admission);
         assert!(
             w > FIRST_LOOK - Duration::from_secs(1) && w <= FIRST_LOOK,
             "{w:?}"
         );
         looks.looked("shop/web", false, Gate::Admission);
-        assert!(looks.wait("shop/web") > FIRST_LOOK, "twice as long");
+        assert!(
+            looks.wait("shop/web", Gate::Admission) > FIRST_LOOK,
+            "twice as long"
+        );
         for _ in 0..10 {
             looks.looked("shop/web", false, Gate::Admission);
         }
         assert!(
-            looks.wait("shop/web") <= LAST_LOOK,
+            looks.wait("shop/web", Gate::Admission) <= LAST_LOOK,
             "never longer than LAST_LOOK"
         );
-        assert!(looks.wait("shop/web") > LAST_LOOK - Duration::from_secs(1));
-        assert_eq!(looks.wait("shop/api"), Duration::ZERO, "per strategy");
+        assert!(looks.wait("shop/web", Gate::Admission) > LAST_LOOK - Duration::from_secs(1));
+        assert_eq!(
+            looks.wait("shop/api", Gate::Admission),
+            Duration::ZERO,
+            "per strategy"
+        );
         // Found: should the cache lose it again, the next look is at once, and starts over.
         looks.looked("shop/web", true, Gate::Admission);
-        assert_eq!(looks.wait("shop/web"), Duration::ZERO);
+        assert_eq!(looks.wait("shop/web", Gate::Admission), Duration::ZERO);
         looks.looked("shop/web", false, Gate::Admission);
-        assert!(looks.wait("shop/web") <= FIRST_LOOK);
+        assert!(looks.wait("shop/web", Gate::Admission) <= FIRST_LOOK);
         looks.forget("shop/web");
-        assert_eq!(looks.wait("shop/web"), Duration::ZERO);
+        assert_eq!(looks.wait("shop/web", Gate::Admission), Duration::ZERO);
         // Paused at rest, no gate labels a new Deployment: the looks stay FIRST_LOOK apart.
         for _ in 0..5 {
             looks.looked("shop/late", false, Gate::PauseAtRest);
         }
-        assert!(looks.wait("shop/late") <= FIRST_LOOK);
+        assert!(looks.wait("shop/late", Gate::PauseAtRest) <= FIRST_LOOK);
+        // The gate comes back: the looks grow again from there (20 s), not from the count.
+        looks.looked("shop/late", false, Gate::Admission);
+        let w = looks.wait("shop/late", Gate::Admission);
+        assert!(w > FIRST_LOOK && w <= 2 * FIRST_LOOK, "{w:?}");
+        // The gate goes away: a long wait set under it is cut to FIRST_LOOK.
+        for _ in 0..5 {
+            looks.looked("shop/long", false, Gate::Admission);
+        }
+        assert!(looks.wait("shop/long", Gate::Admission) > 10 * FIRST_LOOK);
+        let w = looks.wait("shop/long", Gate::PauseAtRest);
+        assert!(
+            w > FIRST_LOOK - Duration::from_secs(1) && w <= FIRST_LOOK,
+            "{w:?}"
+        );
     }
 
     #[test]
