@@ -388,6 +388,15 @@ struct Seen {
     all: Instant,
 }
 
+/// The mean ms of the Deployment PATCHes timed in `metrics` (a /metrics page of a client built
+/// as the manager's) since `before`; `None` when there were none.
+fn deployment_write_ms(before: &RequestSeconds, metrics: &str) -> Option<f64> {
+    RequestSeconds::parse(metrics)
+        .mean_ms_since(before)
+        .get("patch apps/deployments")
+        .copied()
+}
+
 /// The stricter floor: `bodies` applied through `writes` (a client with the manager's
 /// credentials), as many in flight as ballast writes at once, timed until the bench's watch
 /// (through `api`) has seen all of them carry `records` (or the writes returned, if later).
@@ -569,10 +578,7 @@ async fn measure(
     let seconds0 = RequestSeconds::parse(&manager_metrics.render());
     let (parallel_secs, parallel_first_secs) =
         parallel_floor(&parallel_api, &parallel_writes, bodies, &parallel_records).await?;
-    let parallel_write_ms = RequestSeconds::parse(&manager_metrics.render())
-        .mean_ms_since(&seconds0)
-        .get("patch apps/deployments")
-        .copied();
+    let parallel_write_ms = deployment_write_ms(&seconds0, &manager_metrics.render());
     let parallel_others = (background.others(None) - others0) / parallel_secs;
     eprintln!(
         "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight {parallel_secs:.2} s (kube client, {n} server-side applies)"
@@ -615,10 +621,7 @@ async fn measure(
     let ballast_cpu_secs_to_quiet = operator.cpu_secs()? - cpu0;
     let text = operator.metrics_text().await?;
     let watch_events = delta(&watch_event_counters(&text), &watch_events_before);
-    let ballast_write_ms = RequestSeconds::parse(&text)
-        .mean_ms_since(&seconds_before)
-        .get("patch apps/deployments")
-        .copied();
+    let ballast_write_ms = deployment_write_ms(&seconds_before, &text);
     let spread_counters = delta(
         &controller_counters(&text, "spread-policy"),
         &counters_before,

@@ -105,7 +105,6 @@ pub async fn client(kubeconfig: &Path) -> Result<Client> {
 /// requests are timed into `metrics` as the manager times its own
 /// (`ballast_api_request_duration_seconds`, sent to response headers): a floor and ballast then
 /// compare on one measure.
-#[allow(dead_code)]
 pub async fn client_timed(
     kubeconfig: &Path,
     metrics: &ballast::metrics::Metrics,
