@@ -49,6 +49,7 @@ pub mod apply;
 pub mod compact;
 pub mod conditions;
 pub mod decode;
+pub mod digest;
 pub mod finalizer;
 pub mod lenient;
 pub mod written;

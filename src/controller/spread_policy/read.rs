@@ -331,19 +331,45 @@ pub fn node_fingerprint(n: &Node) -> u64 {
 /// of its own controller that change nothing ballast looks at (replica counts, timestamps of
 /// an unchanged rollout) have the same fingerprint.
 fn workload_fingerprint(w: &Workload) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // Every field but one, by name: a field added to the view is a compile error here until
+    // it is hashed or left out on purpose.
+    let Workload {
+        kind,
+        name,
+        namespace,
+        uid,
+        generation,
+        deleting,
+        labels,
+        annotations,
+        record,
+        resource_version: _,
+        selector,
+        replicas,
+        affinity,
+        topology_spread_constraints,
+        tolerations,
+        node_selector,
+        rollout,
+        progress_at,
+        progress_deadline,
+        unobserved,
+        template_hash,
+    } = w;
     // The view holds Kubernetes types that do not implement Hash; their Debug form names
-    // every field, in a fixed order (maps are BTreeMaps).
-    format!(
-        "{:?}",
-        Workload {
-            resource_version: None,
-            ..w.clone()
-        }
-    )
-    .hash(&mut h);
-    h.finish()
+    // every field, in a fixed order (maps are BTreeMaps), and is hashed as it is written.
+    // Tuples of tuples: `Debug` is implemented for tuples of at most 12 elements.
+    crate::k8s::digest::debug(&(
+        (kind, name, namespace, uid, generation, deleting, labels),
+        (annotations, record, selector, replicas, affinity),
+        (
+            topology_spread_constraints,
+            tolerations,
+            node_selector,
+            rollout,
+        ),
+        (progress_at, progress_deadline, unobserved, template_hash),
+    ))
 }
 
 /// Passes on the watch events of workloads that can change a decision, so that a burst of

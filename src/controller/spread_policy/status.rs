@@ -371,16 +371,13 @@ impl Pacer {
 /// does not show our last write builds the same transition again, stamped with its own `now`:
 /// the status is the one written, and the API server keeps the first write's time.
 fn fingerprint(status: &impl serde::Serialize) -> u64 {
-    use std::hash::{Hash, Hasher};
     let mut v = serde_json::to_value(status).expect("a status serializes");
     if let Some(conditions) = v.get_mut("conditions").and_then(|c| c.as_array_mut()) {
         for c in conditions.iter_mut().filter_map(|c| c.as_object_mut()) {
             c.remove("lastTransitionTime");
         }
     }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    v.to_string().hash(&mut h);
-    h.finish()
+    crate::k8s::digest::json(&v)
 }
 
 /// An Event worth publishing: (warning?, reason, note).

@@ -98,12 +98,7 @@ impl Workload {
 
     fn with_template(mut self, template: Option<&PodTemplateSpec>) -> Self {
         let Some(t) = template else { return self };
-        self.template_hash = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            serde_json::to_vec(t).unwrap_or_default().hash(&mut h);
-            h.finish()
-        };
+        self.template_hash = crate::k8s::digest::json(t);
         self.record = t
             .metadata
             .as_ref()
