@@ -23,7 +23,7 @@ use ballast::controller::{
     },
     spread_policy::{
         pods::{PodIndex, WatchedPod},
-        read::{Cached, Workloads},
+        read::{Cached, Relevant, Workloads},
     },
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -369,6 +369,30 @@ fn decode_cost(deployment: &str) {
     );
 }
 
+/// What the SpreadPolicy controller's watch filter ([`Relevant`]) costs per Deployment event
+/// that changes nothing a decision reads (a status update of the Deployment controller, the
+/// most common event of a fan-out), beside the decode that every event pays first.
+fn filter_cost(sent: &str) {
+    let cached: Cached<Deployment> = serde_json::from_str(sent).expect("decodes");
+    let ev = watcher::Event::Apply(cached);
+    let relevant = std::cell::RefCell::new(Relevant::default());
+    assert!(relevant.borrow_mut().pass(&ev, |c| c.workload.clone()));
+    decode_rows(
+        "\nthe same event again, unchanged, through the SpreadPolicy controller's watch filter",
+        sent,
+        &[
+            (
+                "Cached<Deployment>: the decode every event pays",
+                &whole::<Cached<Deployment>>,
+            ),
+            ("the filter (Relevant::pass): fingerprint, look-up", &|_| {
+                let passed = relevant.borrow_mut().pass(&ev, |c| c.workload.clone());
+                assert!(!std::hint::black_box(passed));
+            }),
+        ],
+    );
+}
+
 fn main() {
     let deployment = include_str!("fixtures/deployment.json");
     let governed_deployment = governed(deployment);
@@ -426,4 +450,5 @@ fn main() {
         pod * 15000.0 / (1024.0 * 1024.0)
     );
     decode_cost(deployment);
+    filter_cost(&governed_as_sent(deployment));
 }
