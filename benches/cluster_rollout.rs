@@ -55,7 +55,9 @@ use support::operator::{
     Operator, RequestSeconds, admission_synced, controller_counters, delta, load_average, machine,
     operator_kubeconfig, quantile, requests_but_watches,
 };
-use support::{Deletion, Kubectl, Row, client, env_usize, print_table, repo_root, write_results};
+use support::{
+    Deletion, Kubectl, Row, apiserver_sum, client, env_usize, print_table, repo_root, write_results,
+};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use ballast::api::{RolloutPhase, RolloutStrategy, RolloutStrategyStatus};
@@ -932,17 +934,6 @@ async fn conflicts(client: &Client) -> Result<f64> {
             && (l.contains("resource=\"deployments\"") || l.contains("resource=\"replicasets\""))
     })
     .await
-}
-
-/// The sum of the API server's `/metrics` series (lines) that `pick` selects.
-async fn apiserver_sum(client: &Client, pick: impl Fn(&str) -> bool) -> Result<f64> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    Ok(text
-        .lines()
-        .filter(|l| pick(l))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum())
 }
 
 /// How many times the API server has evaluated the match conditions of ballast's admission

@@ -3,13 +3,16 @@
 //!
 //! Against the local control plane of `KUBECONFIG` (127.0.0.1 only), for each N of
 //! `BALLAST_BENCH_SPREAD_N` (1000 and 5000), in one run:
-//! - three namespaces, each with the same N Deployments (`replicas: 0`, so only the writes and the
+//! - four namespaces, each with the same N Deployments (`replicas: 0`, so only the writes and the
 //!   deployment controller's own work count), labelled `tier: bench`;
 //! - the floor: `kubectl apply --server-side` of exactly the apply configurations ballast writes
 //!   (the same term, owner annotation and record) to the N Deployments of the first namespace, in
 //!   one invocation: one client, one write per Deployment, from start to exit (the floor of
 //!   issue 9); and a stricter one: the same apply configurations sent to the N Deployments of a
-//!   second namespace by one kube client with as many in flight as ballast writes at once
+//!   second namespace, and once ballast's phase is over of a fourth (A-B-A: a drift of the API
+//!   server's time per write over the run, as the ReplicaSets it stores grow, weighs on both
+//!   sides alike; the floor is the mean of the two), by one kube client with as many in flight
+//!   as ballast writes at once
 //!   (`WRITE_CONCURRENCY`), with the manager's credentials (its ServiceAccount's token, as
 //!   ballast: the API server's authentication, authorization and priority and fairness treat
 //!   both alike, where the cluster admin's client certificate is cheaper per request; until
@@ -17,7 +20,7 @@
 //!   floor's time, like ballast's, runs until the bench's watch of its namespace (the admin's,
 //!   on every side) has seen all N carry the term (or until its writes returned, if later);
 //! - ballast: the real operator binary (release build, under the manager's ServiceAccount from
-//!   `config/`, watching only the second namespace) is started and left to settle; then a
+//!   `config/`, watching only its own namespace) is started and left to settle; then a
 //!   SpreadPolicy that selects `tier: bench` (`rollout.maxConcurrent: 0`) is created, and the time
 //!   runs until the bench's own watch of the namespace has seen all N carry the term. The watch
 //!   is the only thing the bench asks of the API server meanwhile: no polling.
@@ -30,10 +33,10 @@
 //!
 //! All namespaces are filled before any phase, so the deployment controller's backlog is the
 //! same background for all phases: its client is limited to 100 requests/s (`hack/cluster-up.sh`)
-//! and the 3N creations keep it at that ceiling through every phase, at each N (an audit log of a
-//! run shows it: docs/benchmarks.md, "What the API server does during P1"). The operator is
-//! stopped, the policy's finalizer dropped and the namespaces deleted whatever happens (error,
-//! panic, Ctrl-C, SIGTERM, SIGHUP).
+//! and the 4N creations keep it at that ceiling through every phase, at each N (an audit log of a
+//! run shows it: docs/benchmarks.md, "What the API server does during P1"; the bench prints its
+//! writes a second in each phase). The operator is stopped, the policy's finalizer dropped and
+//! the namespaces deleted whatever happens (error, panic, Ctrl-C, SIGTERM, SIGHUP).
 //!
 //! It prints one table (measure, floor, ballast, ratio, goal, pass/fail) and writes it as JSON
 //! to `bench/results/cluster_spread-<UTC time>.json`. Settings (environment):
@@ -317,8 +320,10 @@ struct SizeResult {
     floor_secs: f64,
     floor_writes: usize,
     /// The same writes from one kube client with the manager's credentials and as many in
-    /// flight as ballast's writes.
+    /// flight as ballast's writes: the mean of [`SizeResult::parallel_floor_each_secs`].
     parallel_floor_secs: f64,
+    /// That floor before ballast's phase and after it.
+    parallel_floor_each_secs: [f64; 2],
     ballast_secs: f64,
     /// From the start (the first write sent; the policy created) until the bench's watch saw the
     /// first Deployment carry the term: the stricter floor's and ballast's. What ballast adds
@@ -334,6 +339,8 @@ struct SizeResult {
     /// empty. `None`: no such request was timed.
     parallel_write_ms: Option<f64>,
     ballast_write_ms: Option<f64>,
+    /// The stricter floor's, before ballast's phase and after it.
+    parallel_write_each_ms: [Option<f64>; 2],
     /// The operator's PATCHes of Deployments (its only way of writing them) from the policy's
     /// creation until it was quiet after convergence.
     ballast_template_writes: u64,
@@ -341,9 +348,14 @@ struct SizeResult {
     ballast_requests: u64,
     /// Those requests by `verb group/resource code`.
     ballast_requests_by_kind: BTreeMap<String, u64>,
-    /// Cores used by other processes of the machine during the floor, the stricter floor and
-    /// ballast's phase (see [`Background`]).
-    others_cores: [f64; 3],
+    /// Cores used by other processes of the machine during the floor, the stricter floor,
+    /// ballast's phase and the stricter floor again (see [`Background`]).
+    others_cores: [f64; 4],
+    /// The controller manager's writes for Deployments per second during the same four
+    /// phases ([`controller_manager_rate`]): the load on the API server besides each side's
+    /// own writes. After the bench creates 4 × N Deployments it works through their
+    /// ReplicaSets for minutes, into every phase.
+    controller_manager_writes_per_sec: [f64; 4],
     rss_mib: f64,
     peak_rss_mib: f64,
     /// RSS once settled with the N Deployments cached, before the policy was created.
@@ -388,6 +400,31 @@ struct Seen {
     all: Instant,
 }
 
+/// The writes the controller manager has made for Deployments so far, as the API server counts
+/// them (`apiserver_request_total`: ReplicaSets created, updated and their status, Deployment
+/// status, refused ones included; nothing else in the bench writes those), and when they were
+/// read: one GET of the API server's `/metrics` with the bench's admin client.
+async fn controller_manager_writes(client: &Client) -> Result<(f64, Instant)> {
+    let count = support::apiserver_sum(client, |l| {
+        l.starts_with("apiserver_request_total{")
+            && ((l.contains("resource=\"replicasets\"")
+                && (l.contains("verb=\"POST\"") || l.contains("verb=\"PUT\"")))
+                || (l.contains("resource=\"deployments\"")
+                    && l.contains("subresource=\"status\"")
+                    && l.contains("verb=\"PUT\"")))
+    })
+    .await?;
+    Ok((count, Instant::now()))
+}
+
+/// The controller manager's writes a second since `before` ([`controller_manager_writes`]),
+/// over the time between the two reads: a phase's own clock may start later (the stricter
+/// floor's starts after its watch has listed the N Deployments).
+async fn controller_manager_rate(client: &Client, before: (f64, Instant)) -> Result<f64> {
+    let (count, at) = controller_manager_writes(client).await?;
+    Ok((count - before.0) / at.duration_since(before.1).as_secs_f64())
+}
+
 /// The mean ms of the Deployment PATCHes timed in `metrics` (a /metrics page of a client built
 /// as the manager's) since `before`; `None` when there were none.
 fn deployment_write_ms(before: &RequestSeconds, metrics: &str) -> Option<f64> {
@@ -395,6 +432,67 @@ fn deployment_write_ms(before: &RequestSeconds, metrics: &str) -> Option<f64> {
         .mean_ms_since(before)
         .get("patch apps/deployments")
         .copied()
+}
+
+/// What a phase of the stricter floor needs besides its Deployments.
+struct Strict<'a> {
+    client: &'a Client,
+    /// A client with the manager's credentials, timed as the manager's is.
+    manager: &'a Client,
+    manager_metrics: &'a ballast::metrics::Metrics,
+    background: &'a Background,
+    policy: &'a SpreadPolicy,
+    quiet: Duration,
+}
+
+/// What one phase of the stricter floor measured.
+struct StrictPhase {
+    secs: f64,
+    first_secs: f64,
+    write_ms: Option<f64>,
+    others_cores: f64,
+    controller_manager_rate: f64,
+}
+
+impl Strict<'_> {
+    /// The stricter floor ([`parallel_floor`]) on `ds` of `ns`, after the quiet pause, with the
+    /// machine's other CPU (not counting the operator's process `operator`, when it runs) and
+    /// the controller manager's writes meanwhile.
+    async fn phase(
+        &self,
+        ds: &[Deployment],
+        ns: &str,
+        operator: Option<u32>,
+    ) -> Result<StrictPhase> {
+        let n = ds.len();
+        let (records, bodies): (BTreeMap<String, String>, Vec<(String, Value)>) = ds
+            .iter()
+            .map(|d| {
+                let (record, body) = terms_and_body(self.policy, d, ns);
+                ((d.name_any(), record), (d.name_any(), body))
+            })
+            .unzip();
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+        let writes: Api<Deployment> = Api::namespaced(self.manager.clone(), ns);
+        tokio::time::sleep(self.quiet).await;
+        let others0 = self.background.others(operator);
+        let kcm0 = controller_manager_writes(self.client).await?;
+        let seconds0 = RequestSeconds::parse(&self.manager_metrics.render());
+        let (secs, first_secs) = parallel_floor(&api, &writes, bodies, &records).await?;
+        let write_ms = deployment_write_ms(&seconds0, &self.manager_metrics.render());
+        let others_cores = (self.background.others(operator) - others0) / secs;
+        let controller_manager_rate = controller_manager_rate(self.client, kcm0).await?;
+        eprintln!(
+            "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight ({ns}) {secs:.2} s (kube client, {n} server-side applies)"
+        );
+        Ok(StrictPhase {
+            secs,
+            first_secs,
+            write_ms,
+            others_cores,
+            controller_manager_rate,
+        })
+    }
 }
 
 /// The stricter floor: `bodies` applied through `writes` (a client with the manager's
@@ -487,27 +585,42 @@ async fn measure(
     deletion: Deletion,
 ) -> Result<SizeResult> {
     let suffix = support::run_suffix()?;
-    let [ns_floor, ns_parallel, ns_ballast] =
-        ["floor", "floor8", "ballast"].map(|k| format!("bench-spread-{suffix:06}-{n}-{k}"));
+    let [ns_floor, ns_parallel, ns_ballast, ns_parallel_after] =
+        ["floor", "floor8", "ballast", "floor8b"]
+            .map(|k| format!("bench-spread-{suffix:06}-{n}-{k}"));
     let mut cleanup = Cleanup {
         kubectl: kubectl.clone(),
-        namespaces: vec![ns_floor.clone(), ns_parallel.clone(), ns_ballast.clone()],
+        namespaces: vec![
+            ns_floor.clone(),
+            ns_parallel.clone(),
+            ns_ballast.clone(),
+            ns_parallel_after.clone(),
+        ],
         operator: None,
         deletion,
     };
     let t = Instant::now();
-    for ns in [&ns_floor, &ns_parallel, &ns_ballast] {
+    for ns in [&ns_floor, &ns_parallel, &ns_ballast, &ns_parallel_after] {
         support::create_namespace(client, ns, "cluster-spread").await?;
     }
     let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_floor);
-    let parallel_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_parallel);
-    let parallel_writes: Api<Deployment> = Api::namespaced(manager.clone(), &ns_parallel);
     let ballast_api: Api<Deployment> = Api::namespaced(client.clone(), &ns_ballast);
     let floor_ds = create_deployments(&floor_api, n, s.concurrency).await?;
-    let parallel_ds = create_deployments(&parallel_api, n, s.concurrency).await?;
+    let parallel_ds = create_deployments(
+        &Api::namespaced(client.clone(), &ns_parallel),
+        n,
+        s.concurrency,
+    )
+    .await?;
     let ballast_ds = create_deployments(&ballast_api, n, s.concurrency).await?;
+    let parallel_after_ds = create_deployments(
+        &Api::namespaced(client.clone(), &ns_parallel_after),
+        n,
+        s.concurrency,
+    )
+    .await?;
     eprintln!(
-        "[bench] N={n}: {n} Deployments in each of {ns_floor}, {ns_parallel} and {ns_ballast} ({:.1} s)",
+        "[bench] N={n}: {n} Deployments in each of {ns_floor}, {ns_parallel}, {ns_ballast} and {ns_parallel_after} ({:.1} s)",
         t.elapsed().as_secs_f64()
     );
 
@@ -528,6 +641,7 @@ async fn measure(
     tokio::time::sleep(s.quiet).await;
     let mut events = watch_from_now(&floor_api).await?;
     let others0 = background.others(None);
+    let kcm0 = controller_manager_writes(client).await?;
     let t = Instant::now();
     let apply = {
         let kubectl = kubectl.clone();
@@ -556,6 +670,7 @@ async fn measure(
     drop(events);
     let floor_secs = seen.all.max(exited).duration_since(t).as_secs_f64();
     let floor_others = (background.others(None) - others0) / floor_secs;
+    let floor_kcm = controller_manager_rate(client, kcm0).await?;
     let floor_writes = out
         .lines()
         .filter(|l| l.contains("serverside-applied"))
@@ -567,22 +682,17 @@ async fn measure(
     eprintln!("[bench] N={n}: floor {floor_secs:.2} s (kubectl apply --server-side, {n} objects)");
 
     // A stricter floor: the same apply configurations from one kube client with the manager's
-    // credentials, as many in flight as ballast writes at once; timed the same way.
-    let bodies: Vec<(String, Value)> = parallel_ds
-        .iter()
-        .map(|d| (d.name_any(), terms_and_body(&p, d, &ns_parallel).1))
-        .collect();
-    tokio::time::sleep(s.quiet).await;
-    let parallel_records = records(&parallel_ds, &ns_parallel);
-    let others0 = background.others(None);
-    let seconds0 = RequestSeconds::parse(&manager_metrics.render());
-    let (parallel_secs, parallel_first_secs) =
-        parallel_floor(&parallel_api, &parallel_writes, bodies, &parallel_records).await?;
-    let parallel_write_ms = deployment_write_ms(&seconds0, &manager_metrics.render());
-    let parallel_others = (background.others(None) - others0) / parallel_secs;
-    eprintln!(
-        "[bench] N={n}: floor with {WRITE_CONCURRENCY} in flight {parallel_secs:.2} s (kube client, {n} server-side applies)"
-    );
+    // credentials, as many in flight as ballast writes at once; timed the same way. Once here
+    // and once after ballast's phase.
+    let strict = Strict {
+        client,
+        manager,
+        manager_metrics,
+        background,
+        policy: &p,
+        quiet: s.quiet,
+    };
+    let before_ballast = strict.phase(&parallel_ds, &ns_parallel, None).await?;
 
     // Ballast.
     let records = records(&ballast_ds, &ns_ballast);
@@ -605,6 +715,7 @@ async fn measure(
     let cpu0 = operator.cpu_secs()?;
     let operator_pid = Some(operator.child.id());
     let others0 = background.others(operator_pid);
+    let kcm0 = controller_manager_writes(client).await?;
     let t0 = Instant::now();
     policies.create(&PostParams::default(), &p).await?;
     let seen = converged(&mut events, &records, n).await?;
@@ -612,6 +723,7 @@ async fn measure(
     let ballast_first_secs = seen.first.duration_since(t0).as_secs_f64();
     let ballast_cpu_secs_to_converge = operator.cpu_secs()? - cpu0;
     let ballast_others = (background.others(operator_pid) - others0) / ballast_secs;
+    let ballast_kcm = controller_manager_rate(client, kcm0).await?;
     drop(events);
     eprintln!(
         "[bench] N={n}: ballast {ballast_secs:.2} s (policy created → all {n} carry the term)"
@@ -626,6 +738,11 @@ async fn measure(
         &controller_counters(&text, "spread-policy"),
         &counters_before,
     );
+    // The stricter floor again, ballast's phase over (A-B-A): with as many ReplicaSets stored
+    // as ballast met, and the operator running on, idle (it watches its own namespace only).
+    let after_ballast = strict
+        .phase(&parallel_after_ds, &ns_parallel_after, operator_pid)
+        .await?;
     // P3: a restart with N converged. The operator stops (SIGTERM: it gives up its Lease) and a
     // new one is started; in the same instant a Deployment the policy selects is created. The
     // time until that one carries the term is how long a restarted manager takes to act
@@ -697,12 +814,28 @@ async fn measure(
         n,
         floor_secs,
         floor_writes,
-        parallel_floor_secs: parallel_secs,
-        parallel_first_secs,
+        parallel_floor_secs: (before_ballast.secs + after_ballast.secs) / 2.0,
+        parallel_floor_each_secs: [before_ballast.secs, after_ballast.secs],
+        parallel_first_secs: (before_ballast.first_secs + after_ballast.first_secs) / 2.0,
         ballast_first_secs,
-        parallel_write_ms,
+        parallel_write_ms: match (before_ballast.write_ms, after_ballast.write_ms) {
+            (Some(a), Some(b)) => Some((a + b) / 2.0),
+            (a, b) => a.or(b),
+        },
+        parallel_write_each_ms: [before_ballast.write_ms, after_ballast.write_ms],
         ballast_write_ms,
-        others_cores: [floor_others, parallel_others, ballast_others],
+        others_cores: [
+            floor_others,
+            before_ballast.others_cores,
+            ballast_others,
+            after_ballast.others_cores,
+        ],
+        controller_manager_writes_per_sec: [
+            floor_kcm,
+            before_ballast.controller_manager_rate,
+            ballast_kcm,
+            after_ballast.controller_manager_rate,
+        ],
         ballast_secs,
         ballast_template_writes,
         ballast_requests,
@@ -728,6 +861,8 @@ fn counts(r: &Row) -> bool {
 
 fn rows(results: &[SizeResult]) -> Vec<Row> {
     let mut rows = Vec::new();
+    // A mean time per write, or "-" when none was timed.
+    let ms = |m: Option<f64>| m.map_or("-".into(), |ms| format!("{ms:.1}"));
     for r in results {
         let ratio = r.ballast_secs / r.floor_secs;
         rows.push(Row {
@@ -751,6 +886,21 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
             ratio: format!("{strict:.2}"),
             goal: "≤ 1.2× floor".into(),
             pass: Some(strict <= 1.2),
+        });
+        // The floor above is the mean of a phase before ballast's and one after it.
+        let [before, after] = r.parallel_floor_each_secs;
+        let [ms_before, ms_after] = r.parallel_write_each_ms.map(ms);
+        rows.push(Row {
+            id: "P1",
+            measure: format!(
+                "N={}: that floor before / after ballast's phase, s (mean ms of one write)",
+                r.n
+            ),
+            floor: format!("{before:.2} / {after:.2} ({ms_before} / {ms_after})"),
+            ballast: String::new(),
+            ratio: String::new(),
+            goal: String::new(),
+            pass: None,
         });
         // Where the stricter floor's time and ballast's differ: before the first workload carries
         // the term (paid once), or in the pace after it (paid per workload).
@@ -781,12 +931,8 @@ fn rows(results: &[SizeResult]) -> Vec<Row> {
                 "N={}: the same, mean ms of one Deployment write (sent → response headers)",
                 r.n
             ),
-            floor: r
-                .parallel_write_ms
-                .map_or("-".into(), |ms| format!("{ms:.1}")),
-            ballast: r
-                .ballast_write_ms
-                .map_or("-".into(), |ms| format!("{ms:.1}")),
+            floor: ms(r.parallel_write_ms),
+            ballast: ms(r.ballast_write_ms),
             ratio: match (r.parallel_write_ms, r.ballast_write_ms) {
                 (Some(f), Some(b)) if f > 0.0 => format!("{:.2}", b / f),
                 _ => String::new(),
@@ -987,10 +1133,18 @@ async fn run(s: &Settings) -> Result<()> {
     let rows = rows(&results);
     support::print_table(&rows);
     for r in &results {
-        let [a, b, c] = r.others_cores;
+        let [a, b, c, d] = r.others_cores;
         println!(
             "N={}: CPU of other processes on the machine during the floor / the floor with \
-             {WRITE_CONCURRENCY} in flight / ballast: {a:.2} / {b:.2} / {c:.2} cores",
+             {WRITE_CONCURRENCY} in flight / ballast / that floor again: {a:.2} / {b:.2} / {c:.2} \
+             / {d:.2} cores",
+            r.n
+        );
+        let [a, b, c, d] = r.controller_manager_writes_per_sec;
+        println!(
+            "N={}: the controller manager's writes for Deployments (ReplicaSets, Deployment \
+             status) per second during the floor / the floor with {WRITE_CONCURRENCY} in flight / \
+             ballast / that floor again: {a:.0} / {b:.0} / {c:.0} / {d:.0}",
             r.n
         );
     }

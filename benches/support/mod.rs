@@ -129,6 +129,17 @@ async fn loopback_config(kubeconfig: &Path) -> Result<Config> {
     Ok(config)
 }
 
+/// The sum of the API server's `/metrics` series (lines) that `pick` selects.
+pub async fn apiserver_sum(client: &Client, pick: impl Fn(&str) -> bool) -> Result<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    Ok(text
+        .lines()
+        .filter(|l| pick(l))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
 /// Creates namespace `name`, labelled `ballast.dev/bench: <bench>` so that a leftover is
 /// easy to find (`kubectl get ns -l ballast.dev/bench`).
 pub async fn create_namespace(client: &Client, name: &str, bench: &str) -> Result<()> {
