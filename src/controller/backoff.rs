@@ -1,8 +1,8 @@
 //! Keyed exponential backoff, shared by both controllers: per object key, the wait before the
 //! next try is twice the last one after each consecutive failure (from a first wait, capped at a
 //! longest one) and starts over after a success, so one object that keeps failing neither spins
-//! nor slows the others. It also remembers when each key last failed, so a caller can ask how long is left of
-//! its wait ([`Backoff::remaining`]) without a timer of its own.
+//! nor slows the others. It also remembers when each key last failed, so a caller can ask how
+//! long is left of its wait ([`Backoff::remaining`]) without a timer of its own.
 //!
 //! Two uses: the error policy of both controllers (1 s doubling to 5 minutes, [`BASE`] and
 //! [`MAX`]), and the RolloutStrategy controller's looks for a target its cache does not show
