@@ -38,6 +38,12 @@ OUT="$CACHE/bin/$tool-$version"
 
 log() { printf '[build-tool] %s\n' "$*" >&2; }
 
+# One build of a tool at a time: hack/test.sh builds them in the background while the tests run,
+# and a test that needs one waits here until that build is done, then finds it cached.
+mkdir -p "$CACHE/bin"
+exec 9>"$OUT.lock"
+flock 9
+
 if [[ -x "$OUT/$tool" ]]; then
   log "$tool $version: cached"
   echo "$OUT/$tool"

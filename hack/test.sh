@@ -25,16 +25,27 @@ if ! command -v lua5.4 >/dev/null; then
 fi
 
 hack/build-cluster.sh
-# tests/install.rs renders and installs the Helm chart with the real helm (v4, built once and
-# cached like the control plane).
-hack/build-tool.sh helm >/dev/null
-hack/build-tool.sh promtool >/dev/null
+# The real helm (v4; tests/install.rs renders and installs the chart with it) and promtool
+# (tests/prometheus_config.rs), each built once from its Go modules and cached like the control
+# plane. On a bare machine that is about 6 minutes of two busy cores, while the tests leave most
+# of them idle (waiting on the cluster): so the tools build in the background at the lowest CPU
+# priority while the tests run, and a test that needs one before it is built waits for that
+# build (hack/build-tool.sh takes a lock per tool), or builds it itself.
+tools_log="$(mktemp)"
+(nice -n 19 hack/build-tool.sh helm && nice -n 19 hack/build-tool.sh promtool) >/dev/null 2>"$tools_log" &
+tools=$!
 
 started=false
 if ! hack/cluster-up.sh --check 2>/dev/null; then
   started=true
 fi
 cleanup() {
+  # Nothing is left building: a run that needed neither tool waits for their build here.
+  if ! wait "$tools"; then
+    echo "hack/test.sh: building helm or promtool failed (the tests that need them say so too):" >&2
+    cat "$tools_log" >&2
+  fi
+  rm -f "$tools_log"
   if $started; then
     hack/cluster-down.sh
   else
