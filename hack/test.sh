@@ -60,23 +60,74 @@ export KUBECONFIG="$STATE/kubeconfig"
 # Tests that need the cluster fail (never skip) when it cannot be started.
 # Benches are built by `make lint` (clippy --all-targets) and run by `make bench`.
 rm -rf target/fault-results
-# tests/faults_cluster.rs starts a second cluster: it runs in the phase below, alone.
-# tests/install.rs's cluster test installs and deletes the CRDs on a cluster of its own: its phase
-# is below too.
-cargo test --no-fail-fast --lib --bins --tests -- --skip outages_and_uninstall_on_a_cluster_of_their_own \
-  --skip installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own "$@"
+# Every test executable is built first, then run by hack/test-binaries.sh, two at a time
+# (BALLAST_TEST_JOBS): each test waits on the cluster most of the time, and the run took 33 minutes
+# one binary after another.
+built="$(mktemp)"
+jobfile="$(mktemp)"
+trap 'rm -f "$built" "$jobfile"; cleanup' EXIT
+extra=()
+[ $# -gt 0 ] || extra=(--bench cluster_spread)
+cargo test --no-run --lib --bins --tests "${extra[@]}" 2>&1 | tee "$built" >&2
+# `Executable tests/cluster.rs (target/debug/deps/cluster-…)`: the source, and the executable.
+# `exe tests/faults_proxy`: the executable of tests/faults_proxy.rs or tests/faults_proxy/main.rs.
+exe() { sed -En "s#^ *Executable (unittests )?$1(\.rs|/main\.rs) \((.*)\)\$#\3#p" "$built"; }
+q() { printf '%q ' "$@"; }
+job() { printf '%s\t%s\t%s\n' "$1" "$2" "${3:-}" >>"$jobfile"; }
+
+# tests/faults_cluster.rs's outages and tests/install.rs's install start clusters of their own:
+# they are jobs of their own (when no test is named), and skipped in their binaries' jobs.
+skip=(--skip outages_and_uninstall_on_a_cluster_of_their_own
+  --skip installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own)
+# The longest first, so that the pool does not end waiting on one of them (wall times of
+# tests/*.rs from target/test-logs of a run: hack/test-binaries.sh prints them at its end).
+first=(faults_proxy rollout_strategy spread_policy faults rollout_gate foundation faults_spread
+  rollout_steady_state rollout_webhook)
+# Alone, before the others: tests/spread_distribution.rs counts its policies' status writes in
+# the steady state of a spread with a Pending pod, whose scheduler message ("0/N nodes are
+# available: …") changes, truly, when another test adds nodes to the cluster.
+alone=(spread_distribution)
+for t in "${alone[@]}"; do
+  job "$t" "$(q "$(exe "tests/$t")" "${skip[@]}" "$@")" alone
+done
+for t in "${first[@]}"; do
+  job "$t" "$(q "$(exe "tests/$t")" "${skip[@]}" "$@")"
+done
 if [ $# -eq 0 ]; then
-  # The RolloutStrategy and webhook hook tests ran with the revision gate (admission, the default); once more
-  # in the fallback mode, where governed Deployments are kept paused at rest.
-  BALLAST_TEST_GATE=pause-at-rest cargo test --test rollout_strategy --test rollout_webhook
-  # The SpreadPolicy fan-out benchmark's harness, small (N = 200, this debug build; only its
-  # counts of writes and requests are judged), so that `make bench-cluster` cannot rot.
-  BALLAST_BENCH_SMOKE=1 PATH="$STATE/bin:$PATH" cargo test --bench cluster_spread
+  # The RolloutStrategy and webhook hook tests ran with the revision gate (admission, the
+  # default); once more in the fallback mode, where governed Deployments are kept paused at rest.
+  for t in rollout_strategy rollout_webhook; do
+    job "$t-pause-at-rest" "BALLAST_TEST_GATE=pause-at-rest $(q "$(exe "tests/$t")")"
+  done
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
-  cargo test --test faults_cluster -- --test-threads=1
-  # dist/install.yaml and the Helm chart installed and uninstalled (target/install-cluster).
-  cargo test --test install -- installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own
+  job faults_cluster-own-cluster "$(q "$(exe tests/faults_cluster)" --test-threads=1 --exact \
+    outages_and_uninstall_on_a_cluster_of_their_own)"
+  # The SpreadPolicy fan-out benchmark's harness, small (N = 200, this debug build; only its
+  # counts of writes and requests are judged), so that `make bench-cluster` cannot rot.
+  job cluster_spread-smoke "BALLAST_BENCH_SMOKE=1 PATH=$(printf %q "$STATE/bin"):\$PATH $(q "$(exe benches/cluster_spread)")"
+fi
+sed -n 's|^ *Executable \(unittests \)\{0,1\}\(.*\) (\(.*\))$|\2\t\3|p' "$built" |
+  while IFS=$'\t' read -r src path; do
+    case "$src" in benches/*) continue ;; esac
+    case "$src" in
+      tests/*) label="${src#tests/}" label="${label%/main.rs}" ;;
+      *) label="unittests-$src" ;;
+    esac
+    label="${label%.rs}"
+    label="${label//\//-}"
+    [[ " ${alone[*]} ${first[*]} " == *" $label "* ]] || job "$label" "$(q "$path" "${skip[@]}" "$@")"
+  done
+if [ $# -eq 0 ]; then
+  # dist/install.yaml and the Helm chart installed and uninstalled (target/install-cluster), last:
+  # on a bare machine Helm is still being built (above) while the first jobs run.
+  job install-own-cluster "$(q "$(exe tests/install)" --exact \
+    installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own)"
+fi
+status=0
+hack/test-binaries.sh "$jobfile" || status=$?
+if [ $# -eq 0 ]; then
   # The fault-injection scenarios (tests/faults*.rs) each wrote a row; print the table.
   hack/fault-table.sh
 fi
+exit "$status"
