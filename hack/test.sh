@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): builds the control plane if it is
 # not cached, starts the local cluster (unless one is already up), runs every
-# test against it and stops the cluster again if this script started it. With
-# no arguments (no test filter), a last phase runs tests/faults_cluster.rs,
-# which brings up and stops a second cluster of its own.
+# test against it, two test binaries at a time (hack/test-binaries.sh), and
+# stops the cluster again if this script started it. Arguments are test
+# filters for every binary. With none, the pool also runs the RolloutStrategy
+# tests in pause-at-rest mode, the smoke bench, and the two tests that bring
+# up and stop clusters of their own (tests/faults_cluster.rs, tests/install.rs).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
