@@ -7,9 +7,10 @@
 #
 # JOBFILE has one job a line: `label<TAB>command[<TAB>alone]` (the command is run by bash from
 # the repository's root, as cargo runs a test). Jobs start in the file's order, so the longest go
-# first; a job marked `alone` starts when no other runs, and none starts beside it. Each job's output is kept in target/test-logs/<label>.log and printed whole when the job
-# ends; a line says when each starts. Every job runs (no fail-fast); the exit status is 1 if any
-# failed, and the end prints each job's wall time and which failed.
+# first; a job marked `alone` starts when no other runs, and none starts beside it. Each job's
+# output is kept in target/test-logs/<label>.log and printed whole when the job ends; a line says
+# when each starts. Every job runs (no fail-fast); the exit status is 1 if any failed, and the
+# end prints each job's wall time and which failed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

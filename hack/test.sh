@@ -34,6 +34,8 @@ hack/build-cluster.sh
 # priority while the tests run, and a test that needs one before it is built waits for that
 # build (hack/build-tool.sh takes a lock per tool), or builds it itself.
 tools_log="$(mktemp)"
+built="$(mktemp)"
+jobfile="$(mktemp)"
 (nice -n 19 hack/build-tool.sh helm && nice -n 19 hack/build-tool.sh promtool) >/dev/null 2>"$tools_log" &
 tools=$!
 
@@ -47,7 +49,7 @@ cleanup() {
     echo "hack/test.sh: building helm or promtool failed (the tests that need them say so too):" >&2
     cat "$tools_log" >&2
   fi
-  rm -f "$tools_log"
+  rm -f "$tools_log" "$built" "$jobfile"
   if $started; then
     hack/cluster-down.sh
   else
@@ -65,65 +67,67 @@ rm -rf target/fault-results
 # Every test executable is built first, then run by hack/test-binaries.sh, two at a time
 # (BALLAST_TEST_JOBS): each test waits on the cluster most of the time, and the run took 33 minutes
 # one binary after another.
-built="$(mktemp)"
-jobfile="$(mktemp)"
-trap 'rm -f "$built" "$jobfile"; cleanup' EXIT
 extra=()
 [ $# -gt 0 ] || extra=(--bench cluster_spread)
 cargo test --no-run --lib --bins --tests "${extra[@]}" 2>&1 | tee "$built" >&2
-# `Executable tests/cluster.rs (target/debug/deps/cluster-…)`: the source, and the executable.
-# `exe tests/faults_proxy`: the executable of tests/faults_proxy.rs or tests/faults_proxy/main.rs.
-exe() { sed -En "s#^ *Executable (unittests )?$1(\.rs|/main\.rs) \((.*)\)\$#\3#p" "$built"; }
+# Each `Executable [unittests ]<source> (<path>)` line of cargo, read once: exe[<label>] is the
+# path; the label is a test target's name (tests/faults_proxy/main.rs: faults_proxy), else
+# `unittests-src-lib`, `bench-cluster_spread`.
+declare -A exe queued
+labels=()
+while IFS=$'\t' read -r src path; do
+  case "$src" in
+    tests/*) label="${src#tests/}" label="${label%/main.rs}" ;;
+    benches/*) label="bench-${src#benches/}" label="${label%/main.rs}" ;;
+    *) label="unittests-$src" ;;
+  esac
+  label="${label%.rs}"
+  label="${label//\//-}"
+  exe[$label]=$path
+  labels+=("$label")
+done < <(sed -En 's#^ *Executable (unittests )?(.*) \((.*)\)$#\2\t\3#p' "$built")
 q() { printf '%q ' "$@"; }
-job() { printf '%s\t%s\t%s\n' "$1" "$2" "${3:-}" >>"$jobfile"; }
+job() {
+  queued[$1]=1
+  printf '%s\t%s\t%s\n' "$1" "$2" "${3:-}" >>"$jobfile"
+}
 
 # tests/faults_cluster.rs's outages and tests/install.rs's install start clusters of their own:
 # they are jobs of their own (when no test is named), and skipped in their binaries' jobs.
 skip=(--skip outages_and_uninstall_on_a_cluster_of_their_own
   --skip installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own)
-# The longest first, so that the pool does not end waiting on one of them (wall times of
-# tests/*.rs from target/test-logs of a run: hack/test-binaries.sh prints them at its end).
-first=(faults_proxy rollout_strategy spread_policy faults rollout_gate foundation faults_spread
-  rollout_steady_state rollout_webhook)
 # Alone, before the others: tests/spread_distribution.rs counts its policies' status writes in
 # the steady state of a spread with a Pending pod, whose scheduler message ("0/N nodes are
 # available: …") changes, truly, when another test adds nodes to the cluster.
-alone=(spread_distribution)
-for t in "${alone[@]}"; do
-  job "$t" "$(q "$(exe "tests/$t")" "${skip[@]}" "$@")" alone
-done
-for t in "${first[@]}"; do
-  job "$t" "$(q "$(exe "tests/$t")" "${skip[@]}" "$@")"
+job spread_distribution "$(q "${exe[spread_distribution]}" "${skip[@]}" "$@")" alone
+# Then the longest first, so that the pool does not end waiting on one of them (wall times of
+# tests/*.rs from target/test-logs of a run: hack/test-binaries.sh prints them at its end).
+for t in faults_proxy rollout_strategy spread_policy faults rollout_gate foundation faults_spread \
+  rollout_steady_state rollout_webhook; do
+  job "$t" "$(q "${exe[$t]}" "${skip[@]}" "$@")"
 done
 if [ $# -eq 0 ]; then
   # The RolloutStrategy and webhook hook tests ran with the revision gate (admission, the
   # default); once more in the fallback mode, where governed Deployments are kept paused at rest.
   for t in rollout_strategy rollout_webhook; do
-    job "$t-pause-at-rest" "BALLAST_TEST_GATE=pause-at-rest $(q "$(exe "tests/$t")")"
+    job "$t-pause-at-rest" "BALLAST_TEST_GATE=pause-at-rest $(q "${exe[$t]}")"
   done
   # F5 and F6 restart the API server and delete the CRDs: the target starts a cluster of its
   # own (target/faults-cluster, other ports; see its module doc), runs them and stops it.
-  job faults_cluster-own-cluster "$(q "$(exe tests/faults_cluster)" --test-threads=1 --exact \
+  job faults_cluster-own-cluster "$(q "${exe[faults_cluster]}" --test-threads=1 --exact \
     outages_and_uninstall_on_a_cluster_of_their_own)"
   # The SpreadPolicy fan-out benchmark's harness, small (N = 200, this debug build; only its
   # counts of writes and requests are judged), so that `make bench-cluster` cannot rot.
-  job cluster_spread-smoke "BALLAST_BENCH_SMOKE=1 PATH=$(printf %q "$STATE/bin"):\$PATH $(q "$(exe benches/cluster_spread)")"
+  job bench-cluster_spread "BALLAST_BENCH_SMOKE=1 PATH=$(printf %q "$STATE/bin"):\$PATH $(q "${exe[bench-cluster_spread]}")"
 fi
-sed -n 's|^ *Executable \(unittests \)\{0,1\}\(.*\) (\(.*\))$|\2\t\3|p' "$built" |
-  while IFS=$'\t' read -r src path; do
-    case "$src" in benches/*) continue ;; esac
-    case "$src" in
-      tests/*) label="${src#tests/}" label="${label%/main.rs}" ;;
-      *) label="unittests-$src" ;;
-    esac
-    label="${label%.rs}"
-    label="${label//\//-}"
-    [[ " ${alone[*]} ${first[*]} " == *" $label "* ]] || job "$label" "$(q "$path" "${skip[@]}" "$@")"
-  done
+# Every other test executable, in cargo's order.
+for label in "${labels[@]}"; do
+  [ -n "${queued[$label]:-}" ] || job "$label" "$(q "${exe[$label]}" "${skip[@]}" "$@")"
+done
 if [ $# -eq 0 ]; then
   # dist/install.yaml and the Helm chart installed and uninstalled (target/install-cluster), last:
   # on a bare machine Helm is still being built (above) while the first jobs run.
-  job install-own-cluster "$(q "$(exe tests/install)" --exact \
+  job install-own-cluster "$(q "${exe[install]}" --exact \
     installer_and_chart_install_and_uninstall_cleanly_on_a_cluster_of_their_own)"
 fi
 status=0
