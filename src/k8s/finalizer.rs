@@ -21,6 +21,15 @@ pub enum Error {
     Api(#[source] kube::Error),
 }
 
+/// `obj`'s finalizers without `name`: what [`set`] writes once `name`'s work is done.
+pub fn without(obj: &impl Resource, name: &str) -> Vec<String> {
+    obj.finalizers()
+        .iter()
+        .filter(|f| *f != name)
+        .cloned()
+        .collect()
+}
+
 /// Replaces `obj`'s finalizers with `finalizers`, unless `obj` is stale.
 pub async fn set<K>(api: &Api<K>, obj: &K, finalizers: Vec<String>) -> Result<(), Error>
 where

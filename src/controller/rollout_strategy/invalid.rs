@@ -4,8 +4,8 @@
 use super::error::Error;
 use super::{FINALIZER, State, release, seniority, set_finalizers};
 use crate::api::RolloutStrategy;
-use crate::k8s::ROLLOUT_STRATEGY_MANAGER;
 use crate::k8s::lenient::{Invalid, Lenient};
+use crate::k8s::{ROLLOUT_STRATEGY_MANAGER, finalizer};
 use kube::{Api, Resource, ResourceExt, runtime::controller::Action};
 
 /// A stored strategy this version cannot read: reported on itself, and on deletion the
@@ -34,13 +34,7 @@ pub(super) async fn sync_invalid(
             release(st, &ns, target, &seniority(obj.meta()), original).await?;
         }
         let api: Api<Lenient<RolloutStrategy>> = Api::namespaced(client.clone(), &ns);
-        let rest = obj
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        return set_finalizers(&api, obj, rest)
+        return set_finalizers(&api, obj, finalizer::without(obj, FINALIZER))
             .await
             .map(|_| Action::await_change());
     }

@@ -9,6 +9,7 @@ use super::{
     plan, release, seniority, set_finalizers, status, webhook, write,
 };
 use crate::api::{HookPhase, RolloutStrategy};
+use crate::k8s::finalizer;
 use crate::k8s::lenient::Lenient;
 use kube::{
     Api, ResourceExt,
@@ -63,13 +64,7 @@ pub(super) async fn step(st: &State, ns: &str, name: &str) -> Result<Action, Err
                 original,
             )
             .await?;
-            let rest = strategy
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER)
-                .cloned()
-                .collect();
-            set_finalizers(&api, &strategy, rest).await?;
+            set_finalizers(&api, &strategy, finalizer::without(&strategy, FINALIZER)).await?;
             tracing::info!(strategy = %name, namespace = %ns, "released the Deployment; finalizer removed");
         }
         return Ok(Action::await_change());

@@ -284,13 +284,7 @@ pub(super) async fn sync(
         }
     }
     if deleting && plan.released {
-        let f: Vec<String> = policy
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        set_finalizers(&api_of(st, obj), obj, f).await?;
+        set_finalizers(&api_of(st, obj), obj, finalizer::without(policy, FINALIZER)).await?;
         st.ctx.metrics.set_spread_infeasible(&ns, &name, None);
         tracing::info!(policy = %name, namespace = %ns, "released every workload; finalizer removed");
         return Ok(Action::await_change());
