@@ -38,10 +38,8 @@ bench: ## Run the benchmarks that need no cluster
 	$(CARGO) bench --bench cache_cost
 
 # The cluster benchmarks, in this order: each runs even when one before it failed, and the target
-# fails if any did. All of them are built first, in one cargo run: their crates compile side by
-# side, and no build lands between two benches' measurements.
-# `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.
-# cluster_rollout last: the last bench waits for its cleanup (below), and its cleanup is the shortest.
+# fails if any did. `make bench-cluster CLUSTER_BENCHES=cluster_spread` runs one of them.
+# cluster_rollout last: the last bench waits for its cleanup, and its cleanup is the shortest.
 CLUSTER_BENCHES ?= cluster_spread cluster_scheduler cluster_admission cluster_rollout
 
 # The cluster is the one hack/test.sh uses (BALLAST_CLUSTER_DIR, else .cluster/). Each bench
@@ -49,25 +47,19 @@ CLUSTER_BENCHES ?= cluster_spread cluster_scheduler cluster_admission cluster_ro
 # an API server and an etcd that earlier benches or tests loaded answer more slowly (P5's p99 at
 # 160 ms, then 323 ms on the same code right after the fault suite had loaded that cluster), so a
 # bench's numbers would depend on what ran before it. BENCH_FRESH=0 keeps the cluster as it is.
+# cluster_scheduler and cluster_admission run during cluster_spread's P2 (ten minutes of churn
+# that only counts requests) on its cluster, and the other benches build meanwhile:
+# hack/bench-cluster.sh says why and how; BENCH_BESIDE_P2=0 runs each bench alone.
 # The cluster stays up afterwards. On fresh clusters a bench but the last does not wait for its
 # last cleanup (BALLAST_BENCH_CLEANUP=background; benches/support/mod.rs, `Deletion`): the next
 # start wipes it. The last one waits, so the cluster it leaves up is clean for `make test`.
 BENCH_FRESH ?= 1
+BENCH_BESIDE_P2 ?= 1
 .PHONY: bench-cluster
-bench-cluster: ## Cluster benchmarks, each on the local control plane started afresh (BENCH_FRESH=0: as it is)
-	hack/build-cluster.sh
-	state="$${BALLAST_CLUSTER_DIR:-$(CLUSTER_DIR)}"; \
-	  $(CARGO) bench --no-run $(foreach b,$(CLUSTER_BENCHES) plots,--bench $(b)) && \
-	  failed=""; \
-	  for b in $(CLUSTER_BENCHES); do \
-	    if [ "$(BENCH_FRESH)" = 1 ]; then BALLAST_CLUSTER_DIR="$$state" hack/cluster-down.sh; fi; \
-	    BALLAST_CLUSTER_DIR="$$state" hack/cluster-up.sh || { failed="$$failed $$b"; continue; }; \
-	    KUBECONFIG="$$state/kubeconfig" PATH="$$state/bin:$$PATH" \
-	      BALLAST_BENCH_CLEANUP=$$(if [ "$(BENCH_FRESH)" = 1 ] && [ "$$b" != "$(lastword $(CLUSTER_BENCHES))" ]; then echo background; else echo wait; fi) \
-	      $(CARGO) bench --bench "$$b" || failed="$$failed $$b"; \
-	  done; \
-	  $(CARGO) bench --bench plots; \
-	  if [ -n "$$failed" ]; then echo "bench-cluster: failed:$$failed" >&2; exit 1; fi
+bench-cluster: ## Cluster benchmarks on the local control plane started afresh (hack/bench-cluster.sh)
+	CARGO="$(CARGO)" CLUSTER_BENCHES="$(CLUSTER_BENCHES)" BENCH_FRESH="$(BENCH_FRESH)" \
+	  BENCH_BESIDE_P2="$(BENCH_BESIDE_P2)" BALLAST_CLUSTER_DIR="$${BALLAST_CLUSTER_DIR:-$(CLUSTER_DIR)}" \
+	  hack/bench-cluster.sh
 
 .PHONY: bench-plots
 bench-plots: ## Draw docs/performance/*.svg from the newest results in bench/results/

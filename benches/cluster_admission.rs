@@ -914,6 +914,7 @@ fn results_json(
         "kubernetes": kubernetes,
         "started": started.to_string(),
         "settings": {
+            "beside": support::beside(),
             "deployments": s.deployments,
             "updates": s.updates,
             "concurrency": s.concurrency,
@@ -1234,6 +1235,9 @@ async fn main() -> Result<()> {
         "[bench] cluster_admission: {} Deployments per namespace, {} updates per phase, {} in flight, {} rounds, {} strategies in B and C",
         s.deployments, s.updates, s.concurrency, s.rounds, s.strategies
     );
+    if let Some(b) = support::beside() {
+        eprintln!("[bench] on the same cluster meanwhile: {b}");
+    }
     let result = support::until_signal(run(&s, start)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",

@@ -1165,6 +1165,7 @@ async fn run(s: &Settings) -> Result<()> {
         "machine": machine(),
         "kubernetes": version,
         "settings": {
+            "beside": support::beside(),
             "sizes": s.sizes, "concurrency": s.concurrency, "quiet_secs": s.quiet.as_secs(),
             "steady_n": s.steady_n, "steady_secs": s.steady.secs,
             "churn_period_secs": s.steady.churn_period.as_secs(),
@@ -1199,6 +1200,9 @@ async fn main() -> Result<()> {
         "[bench] cluster_spread: N = {:?}, {} creations in flight",
         s.sizes, s.concurrency
     );
+    if let Some(b) = support::beside() {
+        eprintln!("[bench] on the same cluster meanwhile: {b}");
+    }
     let result = support::until_signal(run(&s)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",

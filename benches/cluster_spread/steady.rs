@@ -11,6 +11,14 @@
 //! (kwok runs them, the scheduler places them under the policy's Required zone anti-affinity). A
 //! status write is "real" when the bench's own watch of the policy saw its status change: the
 //! operator's status PATCHes must be no more than the changes seen.
+//!
+//! Other benches may run during the churn (`hack/bench-cluster.sh` runs cluster_scheduler and
+//! cluster_admission then, on the same cluster: P2's measures are counts of the operator's own
+//! requests, which the load of others does not change): `BALLAST_BENCH_STEADY_STARTED` names a
+//! file this creates once the churn has begun, and `BALLAST_BENCH_STEADY_HOLD` one it waits for
+//! (up to 30 minutes) once the churn is over, before the operator must settle and the quiet
+//! window starts, so that nothing of the others (their nodes and namespaces being deleted) falls
+//! into it. `BALLAST_BENCH_BESIDE` says which, for the results.
 
 use anyhow::{Context, Result, bail, ensure};
 use ballast::api::spread_policy::SpreadPolicy;
@@ -24,6 +32,7 @@ use kube::{
 use serde_json::json;
 use std::{
     collections::{BTreeMap, HashSet},
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -38,7 +47,14 @@ pub struct SteadySettings {
     pub secs: u64,
     pub churn_period: Duration,
     pub quiet: Duration,
+    /// Created once the churn has begun (`BALLAST_BENCH_STEADY_STARTED`).
+    pub started_file: Option<PathBuf>,
+    /// Waited for once the churn is over (`BALLAST_BENCH_STEADY_HOLD`).
+    pub hold_file: Option<PathBuf>,
 }
+
+/// How long P2 waits for `BALLAST_BENCH_STEADY_HOLD` at most.
+const HOLD_LIMIT: Duration = Duration::from_secs(30 * 60);
 
 impl SteadySettings {
     pub fn from_env(smoke: bool) -> Result<Self> {
@@ -49,6 +65,8 @@ impl SteadySettings {
                 env_usize("BALLAST_BENCH_CHURN_PERIOD_SECS", period)? as u64,
             ),
             quiet: Duration::from_secs(env_usize("BALLAST_BENCH_STEADY_QUIET_SECS", quiet)? as u64),
+            started_file: std::env::var_os("BALLAST_BENCH_STEADY_STARTED").map(PathBuf::from),
+            hold_file: std::env::var_os("BALLAST_BENCH_STEADY_HOLD").map(PathBuf::from),
         })
     }
 }
@@ -61,6 +79,8 @@ pub struct SteadyResult {
     pub secs: f64,
     /// The bench's scale PATCHes (each a change of `spec.replicas`).
     pub scale_changes: u64,
+    /// How long the churn's end waited for the benches beside it (`BALLAST_BENCH_STEADY_HOLD`).
+    pub held_secs: f64,
     /// The operator's PATCHes of Deployments during the churn and until quiet after it.
     pub template_writes: u64,
     /// The operator's PATCHes of the policy's status meanwhile.
@@ -154,6 +174,33 @@ async fn drained(api: &Api<Deployment>, names: &[String]) -> Result<()> {
     }
 }
 
+/// Waits until `file` exists: the benches run beside the churn are over (their cleanup too).
+async fn wait_for_hold(file: &std::path::Path, operator: &mut Operator) -> Result<f64> {
+    let t = Instant::now();
+    let mut said = false;
+    while !file.exists() {
+        operator.alive()?;
+        ensure!(
+            t.elapsed() < HOLD_LIMIT,
+            "BALLAST_BENCH_STEADY_HOLD: {} not there after {} minutes",
+            file.display(),
+            HOLD_LIMIT.as_secs() / 60
+        );
+        if !said {
+            eprintln!("[bench] churn over; waiting for the benches beside it to finish");
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if said {
+        eprintln!(
+            "[bench] the benches beside P2 finished {:.0} s after its churn",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// Runs the churn against `api`'s Deployments named `names` (all converged under `policy`) with
 /// `operator` settled, then the quiet window.
 pub async fn measure(
@@ -180,6 +227,10 @@ pub async fn measure(
     let mut scale_changes = 0u64;
     let mut up = vec![false; churned.len()];
     let mut next = Instant::now();
+    if let Some(f) = &s.started_file {
+        std::fs::write(f, "")
+            .with_context(|| format!("BALLAST_BENCH_STEADY_STARTED: {}", f.display()))?;
+    }
     'churn: loop {
         for (i, name) in churned.iter().enumerate() {
             if t.elapsed() >= Duration::from_secs(s.secs) {
@@ -213,6 +264,10 @@ pub async fn measure(
         }
     }
     let secs = t.elapsed().as_secs_f64();
+    let held_secs = match &s.hold_file {
+        Some(f) => wait_for_hold(f, operator).await?,
+        None => 0.0,
+    };
     drained(api, &churned).await?;
     let after = operator.settle(settle).await?;
     let delta = after.since(&before);
@@ -260,6 +315,7 @@ pub async fn measure(
         churned: churned.len(),
         secs,
         scale_changes,
+        held_secs,
         template_writes,
         status_writes,
         status_changes_seen,

@@ -318,6 +318,17 @@ pub fn print_table(rows: &[Row]) {
     println!();
 }
 
+/// What ran on the same cluster at the same time (`BALLAST_BENCH_BESIDE`, set by
+/// `hack/bench-cluster.sh`), for the results and the log: `None` when nothing did.
+pub fn beside() -> Option<String> {
+    let b = std::env::var("BALLAST_BENCH_BESIDE").ok()?;
+    let b = b.trim();
+    if b.is_empty() {
+        return None;
+    }
+    Some(b.to_string())
+}
+
 /// Writes `doc` to `bench/results/<bench>-<UTC time of started>.json`; returns the path.
 pub fn write_results(
     bench: &str,

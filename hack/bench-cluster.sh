@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# make bench-cluster: the cluster benchmarks (benches/cluster_*.rs) against the local control
+# plane, each on that cluster started afresh, in the order of CLUSTER_BENCHES; every one runs even
+# when one before it failed, and the script fails if any did. Then the plots.
+#
+# P2 of cluster_spread (ten minutes of scale churn and a minute at rest) measures counts of the
+# operator's own requests, not times, and the load of others does not change them; so, to keep
+# the whole under issue 9's 30 minutes on a bare 2-core machine, other work runs beside it:
+#   1. only what cluster_spread needs is built first (the dependencies, the manager, that bench);
+#   2. cluster_spread starts; once P2's churn has begun (the bench creates a file), the other
+#      benches are built, and cluster_scheduler and cluster_admission (both compare phases of their
+#      own run under the same background, and judge ratios) run on the same cluster, each waiting
+#      for its own cleanup (its nodes and namespaces gone);
+#   3. then P2 may end its churn and start its minute at rest (it waits for a second file), which
+#      nothing of theirs reaches: cluster_scheduler's nodes are tainted for its own pods, the
+#      operator of P2 watches only its namespace;
+#   4. the rest (cluster_rollout, whose P5 and P6 judge tens of milliseconds) on a fresh cluster.
+# Each bench's results record what ran beside it (`settings.beside`).
+#
+# Environment: CLUSTER_BENCHES (all four), BENCH_FRESH (1: each bench, or the group above, on the
+# cluster started afresh; 0: the cluster as it is), BENCH_BESIDE_P2 (1; 0: each bench alone, one
+# after another, as before 2026-12-07), CARGO, BALLAST_CLUSTER_DIR (.cluster).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+CARGO="${CARGO:-cargo}"
+read -r -a BENCHES <<<"${CLUSTER_BENCHES:-cluster_spread cluster_scheduler cluster_admission cluster_rollout}"
+FRESH="${BENCH_FRESH:-1}"
+STATE="${BALLAST_CLUSTER_DIR:-$ROOT/.cluster}"
+export BALLAST_CLUSTER_DIR="$STATE"
+# The benches that may run beside P2 (when asked for).
+CAN_BESIDE=(cluster_scheduler cluster_admission)
+
+log() { echo "[bench-cluster] $*" >&2; }
+
+wanted() {
+    local b
+    for b in "${BENCHES[@]}"; do [[ "$b" == "$1" ]] && return 0; done
+    return 1
+}
+
+beside=()
+if [[ "${BENCH_BESIDE_P2:-1}" == 1 ]] && wanted cluster_spread && [[ "${BALLAST_BENCH_STEADY_N:-}" != 0 ]]; then
+    for b in "${CAN_BESIDE[@]}"; do wanted "$b" && beside+=("$b"); done
+fi
+if [[ ${#beside[@]} -gt 0 ]]; then
+    rest=()
+    for b in "${BENCHES[@]}"; do
+        [[ "$b" == cluster_spread ]] && continue
+        [[ " ${beside[*]} " == *" $b "* ]] && continue
+        rest+=("$b")
+    done
+else
+    rest=("${BENCHES[@]}")
+fi
+
+hack/build-cluster.sh
+
+started_at=$SECONDS
+failed=()
+tmp="$(mktemp -d)"
+spread_pid=""
+cleanup() {
+    # P2 must never wait for benches that will not come.
+    touch "$tmp/hold" 2>/dev/null || true
+    if [[ -n "$spread_pid" ]] && kill -0 "$spread_pid" 2>/dev/null; then
+        wait "$spread_pid" 2>/dev/null || true
+    fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# The cluster as the next bench (or group) should find it: started afresh, or as it is.
+cluster() {
+    if [[ "$FRESH" == 1 ]]; then hack/cluster-down.sh; fi
+    hack/cluster-up.sh
+}
+
+# run_bench NAME CLEANUP [ENV=VALUE...]: one bench against the cluster; CLEANUP is `wait` or
+# `background` (BALLAST_BENCH_CLEANUP: whether it waits for its namespaces to be gone).
+run_bench() {
+    local b="$1" cleanup="$2"
+    shift 2
+    env KUBECONFIG="$STATE/kubeconfig" PATH="$STATE/bin:$PATH" BALLAST_BENCH_CLEANUP="$cleanup" "$@" \
+        "$CARGO" bench --bench "$b"
+}
+
+# Whether a bench but the last may leave its cleanup to the next fresh start.
+cleanup_of() {
+    if [[ "$FRESH" == 1 && "$1" != "${BENCHES[-1]}" ]]; then echo background; else echo wait; fi
+}
+
+build() {
+    local args=() b
+    for b in "$@"; do args+=(--bench "$b"); done
+    "$CARGO" bench --no-run "${args[@]}"
+}
+
+if [[ ${#beside[@]} -gt 0 ]]; then
+    build cluster_spread
+    if cluster; then
+        log "cluster_spread; once its P2 churns: ${beside[*]} on the same cluster"
+        run_bench cluster_spread "$(cleanup_of cluster_spread)" \
+            BALLAST_BENCH_STEADY_STARTED="$tmp/started" BALLAST_BENCH_STEADY_HOLD="$tmp/hold" \
+            BALLAST_BENCH_BESIDE="${beside[*]} (during P2's churn)" &
+        spread_pid=$!
+        while [[ ! -e "$tmp/started" ]] && kill -0 "$spread_pid" 2>/dev/null; do sleep 2; done
+        if [[ -e "$tmp/started" ]]; then
+            log "P2 churns ($((SECONDS - started_at)) s in): building the other benches, then ${beside[*]}"
+            build "${beside[@]}" "${rest[@]}" plots || failed+=(build)
+            for b in "${beside[@]}"; do
+                run_bench "$b" wait BALLAST_BENCH_BESIDE="cluster_spread, P2's churn" || failed+=("$b")
+            done
+            log "${beside[*]} done; P2 may end its churn"
+            touch "$tmp/hold"
+            wait "$spread_pid" || failed+=(cluster_spread)
+            spread_pid=""
+        else
+            wait "$spread_pid" || failed+=(cluster_spread)
+            spread_pid=""
+            log "cluster_spread ended before P2's churn: ${beside[*]} each on a cluster of its own"
+            build "${beside[@]}" "${rest[@]}" plots || failed+=(build)
+            rest=("${beside[@]}" "${rest[@]}")
+        fi
+    else
+        failed+=(cluster_spread "${beside[@]}")
+        build "${rest[@]}" plots || failed+=(build)
+    fi
+else
+    build "${rest[@]}" plots
+fi
+
+for b in "${rest[@]}"; do
+    if cluster; then
+        run_bench "$b" "$(cleanup_of "$b")" || failed+=("$b")
+    else
+        failed+=("$b")
+    fi
+done
+
+"$CARGO" bench --bench plots || failed+=(plots)
+log "done in $((SECONDS - started_at)) s (the control plane's binaries: hack/build-cluster.sh, before)"
+if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "bench-cluster: failed: ${failed[*]}" >&2
+    exit 1
+fi
