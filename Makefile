@@ -47,9 +47,9 @@ CLUSTER_BENCHES ?= cluster_spread cluster_scheduler cluster_admission cluster_ro
 # an API server and an etcd that earlier benches or tests loaded answer more slowly (P5's p99 at
 # 160 ms, then 323 ms on the same code right after the fault suite had loaded that cluster), so a
 # bench's numbers would depend on what ran before it. BENCH_FRESH=0 keeps the cluster as it is.
-# cluster_scheduler and cluster_admission run during cluster_spread's P2 (ten minutes of churn
-# that only counts requests) on its cluster, and the other benches build meanwhile:
-# hack/bench-cluster.sh says why and how; BENCH_BESIDE_P2=0 runs each bench alone.
+# cluster_admission runs during cluster_spread's P2 (ten minutes of churn that only counts
+# requests) on its cluster, and the other benches build meanwhile: hack/bench-cluster.sh says
+# why and how; BENCH_BESIDE_P2=0 runs each bench alone.
 # The cluster stays up afterwards. On fresh clusters a bench but the last does not wait for its
 # last cleanup (BALLAST_BENCH_CLEANUP=background; benches/support/mod.rs, `Deletion`): the next
 # start wipes it. The last one waits, so the cluster it leaves up is clean for `make test`.

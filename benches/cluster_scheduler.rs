@@ -4,10 +4,9 @@
 //!
 //! Against the local control plane of `KUBECONFIG` (127.0.0.1 only): the bench registers 300
 //! simulated kwok nodes in 3 zones (`BALLAST_BENCH_SCHED_NODES`), labelled as
-//! `hack/cluster-up.sh` labels its nodes plus `ballast.dev/bench: cluster-scheduler` (and tainted
-//! with it, `NoSchedule`, so that only the bench's pods land there), and for each method, in a
-//! namespace of its own, creates 100 Deployments of 10 replicas (8 creates in flight) whose pods
-//! select and tolerate those nodes (`nodeSelector`, the same for every method):
+//! `hack/cluster-up.sh` labels its nodes plus `ballast.dev/bench: cluster-scheduler`, and for
+//! each method, in a namespace of its own, creates 100 Deployments of 10 replicas (8 creates in
+//! flight) whose pods select those nodes (`nodeSelector`, the same for every method):
 //!
 //! - (a) no terms: the floor;
 //! - (b) `Preferred` pod anti-affinity on `kubernetes.io/hostname` (method `AntiAffinity`);
@@ -152,9 +151,7 @@ fn node(name: &str, zone: &str) -> Result<Node> {
                 NODE_LABEL.0: NODE_LABEL.1,
             },
         },
-        // Tainted for the bench's pods alone: no one else's (P2's churn of cluster_spread runs
-        // beside this bench in `make bench-cluster`) lands on them.
-        "spec": {"taints": [{"key": NODE_LABEL.0, "value": NODE_LABEL.1, "effect": "NoSchedule"}]},
+        "spec": {},
         "status": {
             "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
             "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
@@ -175,7 +172,6 @@ fn deployment(name: &str, replicas: usize, method: Method) -> Result<Deployment>
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "nodeSelector": {NODE_LABEL.0: NODE_LABEL.1},
-                    "tolerations": [{"key": NODE_LABEL.0, "operator": "Equal", "value": NODE_LABEL.1, "effect": "NoSchedule"}],
                     "containers": [{"name": "app", "image": "registry.invalid/bench:1"}],
                 },
             },
@@ -337,12 +333,11 @@ async fn create_nodes(client: &Client, s: &Settings) -> Result<()> {
                 let is_ready = st
                     .and_then(|s| s.conditions.as_ref())
                     .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                // Untainted but for the bench's own taint.
                 let untainted = n
                     .spec
                     .as_ref()
                     .and_then(|s| s.taints.as_ref())
-                    .is_none_or(|t| t.iter().all(|t| t.key == NODE_LABEL.0));
+                    .is_none_or(|t| t.is_empty());
                 is_ready && untainted
             })
             .count();
@@ -631,7 +626,6 @@ async fn run(s: &Settings) -> Result<()> {
         "machine": machine(),
         "kubernetes": version,
         "settings": {
-            "beside": support::beside(),
             "nodes": s.nodes, "deployments": s.deployments, "replicas": s.replicas,
             "rounds": s.rounds, "concurrency": s.concurrency,
         },
@@ -657,9 +651,6 @@ async fn main() -> Result<()> {
         "[bench] cluster_scheduler: {} nodes, {} Deployments × {} replicas per method, {} round(s)",
         s.nodes, s.deployments, s.replicas, s.rounds
     );
-    if let Some(b) = support::beside() {
-        eprintln!("[bench] on the same cluster meanwhile: {b}");
-    }
     let result = support::until_signal(run(&s)).await;
     eprintln!(
         "[bench] total, with setup and cleanup: {:.0} s",

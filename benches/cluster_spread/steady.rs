@@ -12,13 +12,13 @@
 //! status write is "real" when the bench's own watch of the policy saw its status change: the
 //! operator's status PATCHes must be no more than the changes seen.
 //!
-//! Other benches may run during the churn (`hack/bench-cluster.sh` runs cluster_scheduler and
+//! Other work may run during the churn (`hack/bench-cluster.sh` builds the other benches and runs
 //! cluster_admission then, on the same cluster: P2's measures are counts of the operator's own
 //! requests, which the load of others does not change): `BALLAST_BENCH_STEADY_STARTED` names a
 //! file this creates once the churn has begun, and `BALLAST_BENCH_STEADY_HOLD` one it waits for
 //! (up to 30 minutes) once the churn is over, before the operator must settle and the quiet
-//! window starts, so that nothing of the others (their nodes and namespaces being deleted) falls
-//! into it. `BALLAST_BENCH_BESIDE` says which, for the results.
+//! window starts, so that nothing of the others (their namespaces being deleted) falls into it.
+//! `BALLAST_BENCH_BESIDE` says what, for the results.
 
 use anyhow::{Context, Result, bail, ensure};
 use ballast::api::spread_policy::SpreadPolicy;
