@@ -90,9 +90,13 @@ run_bench() {
         "$CARGO" bench --bench "$b"
 }
 
+# The bench that ends last: it waits for its cleanup, so that the cluster it leaves up is clean.
+if [[ ${#rest[@]} -gt 0 ]]; then LAST="${rest[-1]}"; else LAST="${BENCHES[-1]}"; fi
+if [[ ${#beside[@]} -gt 0 && ${#rest[@]} -eq 0 ]]; then LAST=cluster_spread; fi
+
 # Whether a bench but the last may leave its cleanup to the next fresh start.
 cleanup_of() {
-    if [[ "$FRESH" == 1 && "$1" != "${BENCHES[-1]}" ]]; then echo background; else echo wait; fi
+    if [[ "$FRESH" == 1 && "$1" != "$LAST" ]]; then echo background; else echo wait; fi
 }
 
 build() {
@@ -136,6 +140,7 @@ if [[ ${#beside[@]} -gt 0 ]]; then
             log "cluster_spread ended before P2's churn: ${beside[*]} each on a cluster of its own"
             build "${beside[@]}" "${rest[@]}" plots || failed+=(build)
             rest=("${beside[@]}" "${rest[@]}")
+            LAST="${rest[-1]}"
         fi
     else
         failed+=(cluster_spread "${beside[@]}")
