@@ -126,22 +126,21 @@ if [[ ${#beside[@]} -gt 0 ]]; then
         while [[ ! -e "$tmp/started" ]] && kill -0 "$spread_pid" 2>/dev/null; do sleep 2; done
         if [[ -e "$tmp/started" ]]; then
             log "P2 churns ($((SECONDS - started_at)) s in): building the other benches, then ${beside[*]}"
-            build "${beside[@]}" "${rest[@]}" plots || failed+=(build)
+        fi
+        build "${beside[@]}" "${rest[@]}" plots || failed+=(build)
+        if [[ -e "$tmp/started" ]]; then
             for b in "${beside[@]}"; do
                 run_bench "$b" wait BALLAST_BENCH_BESIDE="cluster_spread, P2's churn" || failed+=("$b")
             done
             log "${beside[*]} done; P2 may end its churn"
             touch "$tmp/hold"
-            wait "$spread_pid" || failed+=(cluster_spread)
-            spread_pid=""
         else
-            wait "$spread_pid" || failed+=(cluster_spread)
-            spread_pid=""
             log "cluster_spread ended before P2's churn: ${beside[*]} each on a cluster of its own"
-            build "${beside[@]}" "${rest[@]}" plots || failed+=(build)
             rest=("${beside[@]}" "${rest[@]}")
             LAST="${rest[-1]}"
         fi
+        wait "$spread_pid" || failed+=(cluster_spread)
+        spread_pid=""
     else
         failed+=(cluster_spread "${beside[@]}")
         build "${rest[@]}" plots || failed+=(build)
