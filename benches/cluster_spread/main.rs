@@ -772,6 +772,15 @@ async fn measure(
         .sum();
     // P2: the steady state, with the restarted operator.
     let steady = if n == s.steady_n {
+        // The floors' namespaces are done with. Their 3N Deployments each got a template change
+        // that the deployment controller (100 requests/s) is still working through (a new
+        // ReplicaSet each), and would be through the whole churn and past it: at N = 5000 P2's
+        // end waited about 2.5 minutes for that controller (`steady::drained`). Deleted now,
+        // not waited for (their Deployments gone, its queue skips them): P2 counts the
+        // operator's requests, not time, and the operator watches only its own namespace.
+        let floors = [&ns_floor, &ns_parallel, &ns_parallel_after].map(String::clone);
+        support::delete_namespaces(kubectl, &floors, "600s", Deletion::Early);
+        cleanup.namespaces.retain(|ns| !floors.contains(ns));
         let mut names: Vec<String> = ballast_ds.iter().map(|d| d.name_any()).collect();
         names.push("late".into());
         Some(

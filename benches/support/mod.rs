@@ -164,10 +164,14 @@ pub async fn create_namespace(client: &Client, name: &str, bench: &str) -> Resul
 /// every bench on a cluster started afresh, which wipes the leftovers anyway; waiting for them
 /// took about 2.5 of the suite's minutes (the 15000 Deployments of cluster_spread alone 52 s).
 /// The objects are deleted all the same; the API server and the controllers finish the job.
+///
+/// `Early` is for objects a bench is done with while what follows measures no time (P2's
+/// counts of requests): deleted without waiting, whatever `BALLAST_BENCH_CLEANUP` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Deletion {
     Between,
     Last,
+    Early,
 }
 
 impl Deletion {
@@ -182,8 +186,11 @@ impl Deletion {
 
     /// Whether this deletion waits for its objects to be gone.
     pub fn waits(self) -> bool {
-        self == Deletion::Between
-            || std::env::var("BALLAST_BENCH_CLEANUP").as_deref() != Ok("background")
+        match self {
+            Deletion::Between => true,
+            Deletion::Last => std::env::var("BALLAST_BENCH_CLEANUP").as_deref() != Ok("background"),
+            Deletion::Early => false,
+        }
     }
 
     /// kubectl's flags for it: `--timeout` when it waits, `--wait=false` when not.
@@ -199,6 +206,8 @@ impl Deletion {
     pub fn done(self, start: Instant) -> String {
         if self.waits() {
             format!("deleted in {:.1} s", start.elapsed().as_secs_f64())
+        } else if self == Deletion::Early {
+            "being deleted (not waiting: what follows counts requests, not time)".into()
         } else {
             "being deleted (BALLAST_BENCH_CLEANUP=background: not waiting)".into()
         }
