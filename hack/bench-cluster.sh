@@ -44,6 +44,7 @@ STATE="${BALLAST_CLUSTER_DIR:-$ROOT/.cluster}"
 export BALLAST_CLUSTER_DIR="$STATE"
 # The cluster started during P2 for the first bench after cluster_spread (see above).
 NEXT="$STATE-next"
+NEXT_APISERVER_PORT=26443
 FEATURES=(--no-default-features)
 # The benches that may run beside P2 (when asked for).
 CAN_BESIDE=(cluster_admission)
@@ -87,7 +88,7 @@ cleanup() {
     fi
     if [[ -n "$next_pid" ]]; then wait "$next_pid" 2>/dev/null || true; fi
     for p in "${down_pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    BALLAST_CLUSTER_DIR="$NEXT" hack/cluster-down.sh >/dev/null 2>&1 || true
+    next hack/cluster-down.sh >/dev/null 2>&1 || true
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -100,9 +101,9 @@ cluster() {
 
 # The second cluster: its own state directory and ports (10000 above the defaults).
 next() {
-    env BALLAST_CLUSTER_DIR="$NEXT" BALLAST_APISERVER_PORT=26443 BALLAST_ETCD_PORT=22379 \
-        BALLAST_ETCD_PEER_PORT=22380 BALLAST_KCM_PORT=20257 BALLAST_SCHEDULER_PORT=20259 \
-        BALLAST_KWOK_PORT=20247 "$@"
+    env BALLAST_CLUSTER_DIR="$NEXT" BALLAST_APISERVER_PORT="$NEXT_APISERVER_PORT" \
+        BALLAST_ETCD_PORT=22379 BALLAST_ETCD_PEER_PORT=22380 BALLAST_KCM_PORT=20257 \
+        BALLAST_SCHEDULER_PORT=20259 BALLAST_KWOK_PORT=20247 "$@"
 }
 
 # run_bench NAME CLEANUP [ENV=VALUE...]: one bench against the cluster of $ON ($STATE unless
@@ -176,7 +177,7 @@ if [[ ${#beside[@]} -gt 0 ]]; then
                 run_bench "$b" wait BALLAST_BENCH_BESIDE="cluster_spread, P2's churn" || failed+=("$b")
             done
             if [[ "$FRESH" == 1 && ${#rest[@]} -gt 1 ]]; then
-                log "starting ${rest[0]}'s cluster beside P2 ($NEXT, API server on 127.0.0.1:26443)"
+                log "starting ${rest[0]}'s cluster beside P2 ($NEXT, API server on 127.0.0.1:$NEXT_APISERVER_PORT)"
                 { next hack/cluster-down.sh && next hack/cluster-up.sh; } >"$tmp/next-up.log" 2>&1 &
                 next_pid=$!
             fi
